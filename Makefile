@@ -1,0 +1,29 @@
+# alpac: `make test` and `make demo` set up everything they need in .venv on a fresh machine.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: venv test demo bench testdata clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+demo: $(STAMP)
+	$(VENV)/bin/alpac inspect testdata/models/gpt_train.hlo
+
+bench: $(STAMP)
+	$(PY) -m pytest -q -m bench -s
+
+testdata: $(STAMP)
+	$(PY) testdata/generate.py
+
+clean:
+	rm -rf $(VENV) *.egg-info

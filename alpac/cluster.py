@@ -1,0 +1,339 @@
+"""The cluster a plan is made for: devices, their speed and memory, and the links between them.
+
+A cluster file (YAML) has these keys, all required unless marked optional:
+
+    name: aws-p3.16xlarge-x8
+    nodes: 8                        # positive integer
+    devices_per_node: 8             # positive integer
+    device:
+      name: V100-SXM2-16GB
+      memory: 16GiB                 # size
+      flops: {f32: 15.7e12, f16: 125T}   # peak FLOP/s per HLO element type (plus tf32)
+      memory_bandwidth: 900GB/s     # optional: the device's own memory (HBM)
+    links:
+      intra_node: {bandwidth: 150GB/s, latency: 5us}
+      inter_node: {bandwidth: 25Gbit/s, latency: 20us}   # optional when nodes is 1
+
+Units (a plain number is in base units: bytes, bytes/s, seconds, FLOP/s; a space may separate
+number and unit):
+- size: B, KB, MB, GB, TB, PB (powers of 1000), KiB, MiB, GiB, TiB, PiB (powers of 1024);
+- bandwidth: a size per second (150GB/s, 1.5GiB/s) or bits per second (bit/s, Kbit/s, Mbit/s,
+  Gbit/s, Tbit/s, Gbps, Mbps);
+- latency: ns, us (or µs), ms, s;
+- flops: a prefix K, M, G, T or P, alone or followed by FLOP/s or FLOPS (125T, 15.7 TFLOP/s).
+
+Devices are numbered node-major: device d is on node d // devices_per_node.
+Mistakes raise `UserError` naming the file, the line of the offending key and its key path.
+
+Without a cluster file alpac plans for the local machine as XLA's virtual CPU devices
+(`default_cluster`); the environment variable ALPAC_CLUSTER=path replaces that default.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, NoReturn
+
+import yaml
+
+from alpac.errors import UserError
+
+#: Number of virtual CPU devices alpac plans for by default (XLA's
+#: --xla_force_host_platform_device_count=8).
+DEFAULT_CPU_DEVICES = 8
+#: Per-device f32 throughput of the default cluster: a fixed estimate of one core's vectorized
+#: throughput, not a measurement, so that plans are the same on every run on a machine.
+DEFAULT_CPU_FLOPS = 20e9
+#: The default cluster's devices are threads in one process: links are in-memory copies.
+DEFAULT_CPU_LINK_BANDWIDTH = 10e9
+DEFAULT_CPU_LINK_LATENCY = 2e-6
+
+
+@dataclass(frozen=True)
+class Link:
+    bandwidth: float  # bytes/s
+    latency: float  # s
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    name: str
+    memory: int  # bytes
+    flops: dict[str, float]  # peak FLOP/s per element type
+    memory_bandwidth: float | None = None  # bytes/s
+
+
+@dataclass(frozen=True)
+class Cluster:
+    name: str
+    nodes: int
+    devices_per_node: int
+    device: DeviceSpec
+    intra_node: Link
+    inter_node: Link
+
+    @property
+    def num_devices(self) -> int:
+        return self.nodes * self.devices_per_node
+
+    def node_of(self, device_id: int) -> int:
+        if not 0 <= device_id < self.num_devices:
+            raise ValueError(f"device {device_id} out of range 0..{self.num_devices - 1}")
+        return device_id // self.devices_per_node
+
+    def link(self, a: int, b: int) -> Link:
+        return self.intra_node if self.node_of(a) == self.node_of(b) else self.inter_node
+
+    def peak_flops(self, dtype: str) -> float:
+        """Peak FLOP/s for an HLO element type. A type the file does not list borrows the
+        figure of the type the hardware would run it as; failing that, the smallest figure
+        listed, so that an estimate is never optimistic."""
+        flops = self.device.flops
+        if dtype in ("bf16", "f16"):
+            similar = ("bf16", "f16")
+        elif dtype.startswith(("f8", "f4")):
+            similar = ("f16", "bf16")
+        elif dtype in ("pred", "c64") or dtype.startswith(("s", "u")):
+            similar = ("f32",)
+        else:
+            similar = ()
+        for name in (dtype, *similar):
+            if name in flops:
+                return flops[name]
+        return min(flops.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain numbers in base units (bytes, bytes/s, seconds, FLOP/s); `from_dict` reads it."""
+        device: dict[str, Any] = {"name": self.device.name, "memory": self.device.memory,
+                                  "flops": dict(self.device.flops)}
+        if self.device.memory_bandwidth is not None:
+            device["memory_bandwidth"] = self.device.memory_bandwidth
+        return {"name": self.name, "nodes": self.nodes, "devices_per_node": self.devices_per_node,
+                "device": device,
+                "links": {"intra_node": _link_dict(self.intra_node),
+                          "inter_node": _link_dict(self.inter_node)}}
+
+    @classmethod
+    def from_dict(cls, d: Any, path: str = "<dict>") -> Cluster:
+        return _Reader(path, {}).cluster(d)
+
+
+def load_cluster(path: str | Path) -> Cluster:
+    p = Path(path)
+    if not p.exists():
+        raise UserError("no such file; expected a cluster spec (YAML)", path=str(path))
+    if p.is_dir():
+        raise UserError("is a directory; expected a cluster spec file (YAML)", path=str(path))
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise UserError("not UTF-8 text; expected a cluster spec (YAML)", path=str(path)) from None
+    except OSError as e:
+        raise UserError(f"cannot read: {e.strerror}", path=str(path)) from None
+    try:
+        loader = yaml.SafeLoader(text)
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        line, col = (mark.line + 1, mark.column + 1) if mark else _line_col(text, e)
+        problem = ": ".join(filter(None, [getattr(e, "context", None),
+                                          getattr(e, "problem", None)]))
+        raise UserError(f"invalid YAML: {problem or str(e).splitlines()[0]}", path=str(path),
+                        line=line, col=col) from None
+    if node is None:
+        raise UserError(f"empty file; expected a cluster spec with keys {', '.join(_TOP)}",
+                        path=str(path), line=1, col=1)
+    marks: dict[tuple[str, ...], tuple[int, int]] = {(): (node.start_mark.line + 1,
+                                                          node.start_mark.column + 1)}
+    _collect_marks(node, (), marks, str(path))
+    return _Reader(str(path), marks).cluster(data)
+
+
+def default_cluster() -> Cluster:
+    """The cluster of ALPAC_CLUSTER if set, else the local machine as DEFAULT_CPU_DEVICES virtual
+    CPU devices sharing its physical memory equally."""
+    override = os.environ.get("ALPAC_CLUSTER")
+    if override:
+        try:
+            return load_cluster(override)
+        except UserError as e:
+            raise UserError(f"ALPAC_CLUSTER: {e}") from None
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    link = Link(DEFAULT_CPU_LINK_BANDWIDTH, DEFAULT_CPU_LINK_LATENCY)
+    return Cluster("local-cpu", 1, DEFAULT_CPU_DEVICES,
+                   DeviceSpec("cpu", memory // DEFAULT_CPU_DEVICES, {"f32": DEFAULT_CPU_FLOPS}),
+                   link, link)
+
+
+def _line_col(text: str, e: yaml.YAMLError) -> tuple[int | None, int | None]:
+    """Position of a reader error (a bad character), which has an offset instead of a mark."""
+    pos = getattr(e, "position", None)
+    if pos is None:
+        return None, None
+    return text.count("\n", 0, pos) + 1, pos - (text.rfind("\n", 0, pos) + 1) + 1
+
+
+def _link_dict(link: Link) -> dict[str, float]:
+    return {"bandwidth": link.bandwidth, "latency": link.latency}
+
+
+def _collect_marks(node: yaml.Node, keys: tuple[str, ...],
+                   marks: dict[tuple[str, ...], tuple[int, int]], path: str) -> None:
+    """Record where each key starts, so errors found after construction can point at it; also
+    reject duplicate keys, which YAML loaders silently resolve to the last one."""
+    if not isinstance(node, yaml.MappingNode):
+        return
+    for key_node, value_node in node.value:
+        sub = keys + (str(key_node.value),)
+        where = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
+        if sub in marks:
+            raise UserError(f"{'.'.join(sub)}: duplicate key (first at line {marks[sub][0]})",
+                            path=path, line=where[0], col=where[1])
+        marks[sub] = where
+        _collect_marks(value_node, sub, marks, path)
+
+
+# Factors are exact fractions so that 5us is 5e-06 s, not 4.9999999999999996e-06.
+_DECIMAL = {"": 1, "K": 10**3, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15}
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50}
+_SIZE = {p + "B": f for p, f in (_DECIMAL | _BINARY).items()}
+_BANDWIDTH = ({u + "/s": f for u, f in _SIZE.items()}
+              | {p + "bit/s": Fraction(f, 8) for p, f in _DECIMAL.items()}
+              | {p + "bps": Fraction(f, 8) for p, f in _DECIMAL.items()})
+_LATENCY = {"s": 1, "ms": Fraction(1, 10**3), "us": Fraction(1, 10**6), "µs": Fraction(1, 10**6),
+            "μs": Fraction(1, 10**6), "ns": Fraction(1, 10**9)}
+_FLOPS = {p + s: f for p, f in _DECIMAL.items() for s in ("", "FLOP/s", "FLOPS", "flop/s", "flops")}
+# kind: (units, what it is called, how to write it)
+_KINDS = {
+    "size": (_SIZE, "size", "like 16GiB (units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB; a plain "
+             "number is bytes)"),
+    "bandwidth": (_BANDWIDTH, "bandwidth", "like 150GB/s (units B/s, MB/s, GB/s, GiB/s, Mbit/s, "
+                  "Gbit/s, Gbps; a plain number is bytes/s)"),
+    "latency": (_LATENCY, "latency", "like 5us (units ns, us, µs, ms, s; a plain number is "
+                "seconds)"),
+    "flops": (_FLOPS, "FLOP/s figure", "like 125T, 15.7 TFLOP/s, 312 TFLOPS or 15.7e12 (prefixes "
+              "K, M, G, T, P)"),
+}
+_NUMBER = re.compile(r"\s*([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*(.*?)\s*$")
+
+# HLO element types, commonest first for messages, and tf32 (NVIDIA's tensor-core mode for f32)
+_FLOPS_TYPES = tuple("f32 bf16 f16 tf32 f8e4m3fn f8e5m2 f64 s8 s32 s4 s16 s64 u8 u4 u16 u32 u64 "
+                     "u2 s2 pred c64 c128 f8e4m3fnuz f8e5m2fnuz f8e4m3b11fnuz f8e4m3 f8e3m4 "
+                     "f8e8m0fnu f4e2m1fn".split())
+_TOP = ("name", "nodes", "devices_per_node", "device", "links")
+
+
+class _Reader:
+    """Checks a loaded cluster spec, turning each mistake into a one-line UserError."""
+
+    def __init__(self, path: str, marks: dict[tuple[str, ...], tuple[int, int]]):
+        self.path, self.marks = path, marks
+
+    def cluster(self, d: Any) -> Cluster:
+        self.mapping(d, (), _TOP)
+        nodes = self.count(d["nodes"], ("nodes",))
+        dev = self.mapping(d["device"], ("device",), ("name", "memory", "flops"),
+                           ("memory_bandwidth",))
+        flops = self.mapping(dev["flops"], ("device", "flops"), (), _FLOPS_TYPES)
+        if not flops:
+            self.fail(("device", "flops"),
+                      "expected at least one element type, e.g. {f32: 15.7e12}")
+        bandwidth = dev.get("memory_bandwidth")
+        device = DeviceSpec(
+            self.string(dev["name"], ("device", "name")),
+            round(self.quantity(dev["memory"], ("device", "memory"), "size")),
+            {str(t): self.quantity(v, ("device", "flops", str(t)), "flops")
+             for t, v in flops.items()},
+            None if bandwidth is None else self.quantity(bandwidth, ("device", "memory_bandwidth"),
+                                                         "bandwidth"))
+        links = self.mapping(d["links"], ("links",), ("intra_node",), ("inter_node",))
+        intra = self.link(links["intra_node"], ("links", "intra_node"))
+        if "inter_node" in links:
+            inter = self.link(links["inter_node"], ("links", "inter_node"))
+        elif nodes == 1:
+            inter = intra
+        else:
+            self.fail(("links", "inter_node"), f"missing key (required when nodes is {nodes})")
+        return Cluster(self.string(d["name"], ("name",)), nodes,
+                       self.count(d["devices_per_node"], ("devices_per_node",)), device,
+                       intra, inter)
+
+    def link(self, d: Any, keys: tuple[str, ...]) -> Link:
+        self.mapping(d, keys, ("bandwidth", "latency"))
+        return Link(self.quantity(d["bandwidth"], keys + ("bandwidth",), "bandwidth"),
+                    self.quantity(d["latency"], keys + ("latency",), "latency"))
+
+    def mapping(self, d: Any, keys: tuple[str, ...], required: tuple[str, ...],
+                optional: tuple[str, ...] = ()) -> dict:
+        allowed = tuple(dict.fromkeys(required + optional))
+        if not isinstance(d, dict):
+            self.fail(keys, f"expected a mapping with keys {', '.join(allowed)}, "
+                      f"got {_describe(d)}")
+        for k in d:
+            if k not in allowed:
+                self.fail(keys + (str(k),), f"unknown key '{k}'; allowed keys here: "
+                          + ", ".join(allowed[:8]) + (", ..." if len(allowed) > 8 else ""))
+        for k in required:
+            if k not in d:
+                self.fail(keys + (k,), "missing key")
+        return d
+
+    def string(self, v: Any, keys: tuple[str, ...]) -> str:
+        if not isinstance(v, str) or not v.strip():
+            self.fail(keys, f"expected a non-empty string, got {_describe(v)}")
+        return v
+
+    def count(self, v: Any, keys: tuple[str, ...]) -> int:
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            self.fail(keys, f"expected a positive integer, got {_describe(v)}")
+        return v
+
+    def quantity(self, v: Any, keys: tuple[str, ...], kind: str) -> float:
+        units, noun, hint = _KINDS[kind]
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            value = float(v)
+        else:
+            m = _NUMBER.fullmatch(v) if isinstance(v, str) else None
+            if m is None:
+                self.fail(keys, f"expected a {noun} {hint}, got {_describe(v)}")
+            number, unit = m.groups()
+            if unit and unit not in units:
+                self.fail(keys, f"unknown unit '{unit}' in '{v}'; expected a {noun} {hint}")
+            try:
+                value = float(Fraction(number) * units.get(unit, 1))
+            except OverflowError:
+                value = math.inf
+        if kind == "latency":
+            if not math.isfinite(value) or value < 0:
+                self.fail(keys, f"expected a non-negative latency, got {_describe(v)}")
+        elif not math.isfinite(value) or value <= 0 or (kind == "size" and round(value) < 1):
+            self.fail(keys, f"expected a positive {noun}, got {_describe(v)}")
+        return value
+
+    def fail(self, keys: tuple[str, ...], message: str) -> NoReturn:
+        where = keys
+        while where not in self.marks and where:
+            where = where[:-1]
+        line, col = self.marks.get(where, (None, None))
+        raise UserError(f"{'.'.join(keys) or '(top level)'}: {message}", path=self.path,
+                        line=line, col=col)
+
+
+def _describe(v: Any) -> str:
+    if v is None:
+        return "nothing (null)"
+    if isinstance(v, bool):
+        return f"a boolean ({str(v).lower()})"
+    if isinstance(v, (int, float, str)):
+        return repr(v)
+    if isinstance(v, dict):
+        return "a mapping"
+    if isinstance(v, list):
+        return "a list"
+    return f"a {type(v).__name__}"

@@ -1,0 +1,373 @@
+"""The strategy-selection ILP, independent of HLO: nodes with one cost per strategy, pairwise
+edge cost matrices, memory at liveness points, and ties — reduced, then solved by SCIP to a
+proven gap.
+
+    minimise   Σ_v c_v·s_v + Σ_(u,v) Σ_ij C_uv[i,j]·e_uv[i,j]
+    subject to Σ_i s_v[i] = 1,  s binary
+               Σ_j e_uv[i,j] = s_u[i],  Σ_i e_uv[i,j] = s_v[j],  e ≥ 0   (tight marginals: with
+               integral s they force e integral, and the LP is exact on trees)
+               base_t + Σ_(v,m) m·s_v ≤ budget at every liveness point t
+               s_u[i] ≤ Σ_{j: allowed[i,j]} s_v[j] and the mirror, for every tie
+               (aliased parameters and outputs, loop state that must keep one sharding)
+
+Reduction before solving, each exact: edges whose matrix is zero or separable
+(C[i,j] = a_i + b_j) fold into node costs; strategies that another strategy of the same node
+matches or beats in cost, in every edge row and (under a budget) in memory are dropped; nodes
+left with one strategy become constants; repeated memory points are dropped.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+TIME_SCALE = 1e6  # the ILP works in microseconds: SCIP's tolerances suit numbers near 1
+_EPS = 1e-15
+
+
+@dataclass
+class MemoryPoint:
+    """Bytes per device live at one point of the schedule: a constant plus, per node, the bytes
+    each of its strategies keeps."""
+
+    base: float
+    terms: list[tuple[int, np.ndarray]]
+
+    def value(self, choice) -> float:
+        return self.base + sum(float(m[choice[v]]) for v, m in self.terms)
+
+
+@dataclass
+class StrategyGraph:
+    node_costs: list[np.ndarray] = field(default_factory=list)  # seconds per strategy
+    edges: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)  # [S_u, S_v], u < v
+    memory_points: list[MemoryPoint] = field(default_factory=list)
+    ties: list[tuple[int, int, np.ndarray]] = field(default_factory=list)  # bool [S_u, S_v]
+    budget: float | None = None  # bytes per device
+
+    def add_node(self, costs) -> int:
+        self.node_costs.append(np.asarray(costs, dtype=float))
+        return len(self.node_costs) - 1
+
+    def add_edge(self, u: int, v: int, matrix) -> None:
+        matrix = np.asarray(matrix, dtype=float)
+        if u == v:
+            self.node_costs[u] = self.node_costs[u] + np.diag(matrix)
+            return
+        if u > v:
+            u, v, matrix = v, u, matrix.T
+        old = self.edges.get((u, v))
+        self.edges[(u, v)] = matrix if old is None else old + matrix
+
+    def objective(self, choice) -> float:
+        total = sum(float(c[choice[v]]) for v, c in enumerate(self.node_costs))
+        return total + sum(float(m[choice[u], choice[v]]) for (u, v), m in self.edges.items())
+
+    def peak_memory(self, choice) -> float:
+        return max((p.value(choice) for p in self.memory_points), default=0.0)
+
+    def feasible(self, choice) -> bool:
+        if any(not allowed[choice[u], choice[v]] for u, v, allowed in self.ties):
+            return False
+        return self.budget is None or self.peak_memory(choice) <= self.budget * (1 + 1e-9)
+
+    @property
+    def size(self) -> dict:
+        return {"nodes": len(self.node_costs),
+                "strategies": int(sum(len(c) for c in self.node_costs)),
+                "edges": len(self.edges),
+                "edge_entries": int(sum(m.size for m in self.edges.values())),
+                "memory_points": len(self.memory_points)}
+
+
+@dataclass
+class Solution:
+    choice: list[int]
+    objective: float  # seconds
+    status: str  # optimal | gap_limit | time_limit
+    gap: float
+    solve_time: float
+    size_before: dict
+    size_after: dict
+    peak_memory: float
+
+
+class Infeasible(Exception):
+    """No assignment fits the budget; `min_peak` is the smallest peak that any reaches."""
+
+    def __init__(self, min_peak: float):
+        super().__init__(f"no sharding fits the memory budget; the smallest per-device peak "
+                         f"alpac can reach is {min_peak:,.0f} bytes")
+        self.min_peak = min_peak
+
+
+# ---- reduction -------------------------------------------------------------------------------
+
+@dataclass
+class Reduced:
+    graph: StrategyGraph
+    keep: list[np.ndarray]  # per original node: its original strategy indices still in play
+    index: dict[int, int]  # original node -> node of the reduced graph (absent: constant)
+
+    def expand(self, choice: list[int]) -> list[int]:
+        return [int(k[choice[self.index[v]]]) if v in self.index else int(k[0])
+                for v, k in enumerate(self.keep)]
+
+
+def reduce_graph(graph: StrategyGraph) -> Reduced:
+    keep = [np.arange(len(c)) for c in graph.node_costs]
+    costs = [c.copy() for c in graph.node_costs]
+    edges = {k: m.copy() for k, m in graph.edges.items()}
+    points = [MemoryPoint(p.base, [(v, m.copy()) for v, m in p.terms])
+              for p in graph.memory_points]
+    tied = {u for u, _, _ in graph.ties} | {v for _, v, _ in graph.ties}
+    use_memory = graph.budget is not None
+
+    changed = True
+    while changed:
+        changed = False
+        for (u, v), m in list(edges.items()):
+            a = m[:, :1] - m[:1, :1]
+            b = m[:1, :]
+            if np.allclose(m, a + b, rtol=0, atol=_EPS + 1e-12 * float(np.abs(m).max())):
+                costs[u] = costs[u] + a[:, 0]
+                costs[v] = costs[v] + b[0]
+                del edges[(u, v)]
+                changed = True
+        incident: dict[int, list[tuple[tuple[int, int], int]]] = {}
+        for key in edges:
+            incident.setdefault(key[0], []).append((key, 0))
+            incident.setdefault(key[1], []).append((key, 1))
+        memory_of: dict[int, list[np.ndarray]] = {}
+        if use_memory:
+            for p in points:
+                for v, m in p.terms:
+                    memory_of.setdefault(v, []).append(m)
+        for v in range(len(costs)):
+            if v in tied or len(costs[v]) <= 1:
+                continue
+            columns = [costs[v][:, None]]
+            columns += [edges[k] if side == 0 else edges[k].T for k, side in incident.get(v, [])]
+            columns += [m[:, None] for m in memory_of.get(v, [])]
+            drop = _dominated(np.hstack(columns))
+            if not drop.any():
+                continue
+            mask = ~drop
+            keep[v], costs[v] = keep[v][mask], costs[v][mask]
+            for k, side in incident.get(v, []):
+                edges[k] = edges[k][mask] if side == 0 else edges[k][:, mask]
+            for p in points:
+                p.terms = [(w, m[mask] if w == v else m) for w, m in p.terms]
+            changed = True
+
+    index: dict[int, int] = {}
+    out = StrategyGraph(budget=graph.budget)
+    for v in range(len(costs)):
+        if len(costs[v]) > 1 or v in tied:
+            index[v] = out.add_node(costs[v])
+    const = 0.0
+    for (u, v), m in edges.items():
+        if u in index and v in index:
+            out.add_edge(index[u], index[v], m)
+        elif v in index:
+            out.node_costs[index[v]] = out.node_costs[index[v]] + m[0]
+        elif u in index:
+            out.node_costs[index[u]] = out.node_costs[index[u]] + m[:, 0]
+        else:
+            const += float(m[0, 0])
+    seen = set()
+    for p in points:
+        base = p.base + sum(float(m[0]) for v, m in p.terms if v not in index)
+        terms: dict[int, np.ndarray] = {}
+        for v, m in p.terms:
+            if v in index:
+                terms[index[v]] = terms.get(index[v], 0) + m
+        key = (round(base), tuple((v, tuple(np.round(m).astype(np.int64)))
+                                  for v, m in sorted(terms.items())))
+        if key not in seen:
+            seen.add(key)
+            out.memory_points.append(MemoryPoint(base, sorted(terms.items())))
+    out.ties = [(index[u], index[v], a[np.ix_(keep[u], keep[v])]) for u, v, a in graph.ties]
+    return Reduced(out, keep, index)
+
+
+def _dominated(profile: np.ndarray) -> np.ndarray:
+    """Rows that another row matches or beats in every column (of equal rows, the first
+    stays)."""
+    n = len(profile)
+    drop = np.zeros(n, dtype=bool)
+    order = np.arange(n)
+    for i in range(n):
+        if drop[i]:
+            continue
+        beats = np.all(profile[i] <= profile + _EPS, axis=1)
+        equal = np.all(np.abs(profile - profile[i]) <= _EPS, axis=1)
+        drop |= beats & (~equal | (order > i)) & (order != i)
+    return drop
+
+
+# ---- solving ---------------------------------------------------------------------------------
+
+def greedy(graph: StrategyGraph) -> list[int]:
+    """Each node in order takes the strategy cheapest given the nodes already chosen: the warm
+    start handed to the solver."""
+    choice: list[int] = []
+    earlier: dict[int, list[tuple[int, np.ndarray]]] = {}
+    for (u, v), m in graph.edges.items():
+        earlier.setdefault(v, []).append((u, m))
+    for v, c in enumerate(graph.node_costs):
+        total = c.copy()
+        for u, m in earlier.get(v, []):
+            total = total + m[choice[u]]
+        for a, b, allowed in graph.ties:
+            if b == v and a < v:
+                total = np.where(allowed[choice[a]], total, np.inf)
+            elif a == v and b < v:
+                total = np.where(allowed[:, choice[b]], total, np.inf)
+        choice.append(int(np.argmin(total)))
+    return choice
+
+
+def solve(graph: StrategyGraph, *, time_limit: float = 60.0, gap_limit: float = 1e-4,
+          seed: int = 0) -> Solution:
+    """Reduce, then solve with SCIP; the same input gives the same solution."""
+    start = time.perf_counter()
+    reduced = reduce_graph(graph)
+    choice, status, gap = _solve_scip(reduced.graph, time_limit, gap_limit, seed)
+    if choice is None:
+        raise Infeasible(min_peak_memory(graph))
+    full = reduced.expand(choice)
+    return Solution(full, graph.objective(full), status, gap, time.perf_counter() - start,
+                    graph.size, reduced.graph.size, graph.peak_memory(full))
+
+
+def _new_model(name: str, time_limit: float, seed: int = 0):
+    from pyscipopt import SCIP_PARAMSETTING, Model
+
+    model = Model(name)
+    model.hideOutput()
+    model.setParam("limits/time", max(time_limit, 0.1))
+    model.setParam("randomization/randomseedshift", seed)
+    model.setParam("lp/threads", 1)
+    model.setParam("parallel/maxnthreads", 1)
+    model.setPresolve(SCIP_PARAMSETTING.FAST)
+    return model
+
+
+def _one_hot_vars(model, g: StrategyGraph):
+    from pyscipopt import quicksum
+
+    s = []
+    for v, c in enumerate(g.node_costs):
+        xs = [model.addVar(f"s{v}_{i}", vtype="B") for i in range(len(c))]
+        model.addCons(quicksum(xs) == 1)
+        s.append(xs)
+    for u, v, allowed in g.ties:
+        for i in range(allowed.shape[0]):
+            model.addCons(s[u][i] <= quicksum(s[v][j] for j in np.flatnonzero(allowed[i])))
+        for j in range(allowed.shape[1]):
+            model.addCons(s[v][j] <= quicksum(s[u][i] for i in np.flatnonzero(allowed[:, j])))
+    return s
+
+
+def _solve_scip(g: StrategyGraph, time_limit: float, gap_limit: float, seed: int):
+    if not g.node_costs:
+        if g.budget is not None and any(p.base > g.budget * (1 + 1e-9)
+                                        for p in g.memory_points):
+            return None, "infeasible", 1.0
+        return [], "optimal", 0.0
+    from pyscipopt import quicksum
+
+    model = _new_model("alpac-sharding", time_limit, seed)
+    model.setParam("limits/gap", gap_limit)
+    s = _one_hot_vars(model, g)
+    terms = [(float(c[i]) * TIME_SCALE, s[v][i]) for v, c in enumerate(g.node_costs)
+             for i in range(len(c)) if c[i] != 0]
+    for (u, v), m in sorted(g.edges.items()):
+        low = float(m.min())  # shifting a matrix by a constant does not change the argmin
+        if low:
+            terms.extend((low * TIME_SCALE, x) for x in s[u])
+        rows, cols = m.shape
+        e = [[model.addVar(f"e{u}_{v}_{i}_{j}", lb=0.0, ub=1.0) for j in range(cols)]
+             for i in range(rows)]
+        for i in range(rows):
+            model.addCons(quicksum(e[i]) == s[u][i])
+        for j in range(cols):
+            model.addCons(quicksum(e[i][j] for i in range(rows)) == s[v][j])
+        terms.extend(((float(m[i, j]) - low) * TIME_SCALE, e[i][j])
+                     for i in range(rows) for j in range(cols) if m[i, j] > low)
+    if g.budget is not None:
+        for p in g.memory_points:
+            room = 1.0 - p.base / g.budget
+            if room < -1e-9:
+                return None, "infeasible", 1.0
+            row = [(float(m[i]) / g.budget, s[v][i]) for v, m in p.terms
+                   for i in range(len(m)) if m[i] > 0]
+            if row:
+                model.addCons(quicksum(c * x for c, x in row) <= room)
+    model.setObjective(quicksum(c * x for c, x in terms))
+
+    warm = greedy(g)
+    if g.feasible(warm):
+        sol = model.createPartialSol()
+        for v, i in enumerate(warm):
+            for k, x in enumerate(s[v]):
+                model.setSolVal(sol, x, 1.0 if k == i else 0.0)
+        model.addSol(sol)
+
+    model.optimize()
+    if model.getNSols() == 0:
+        return None, "infeasible", 1.0
+    best = model.getBestSol()
+    choice = [int(np.argmax([model.getSolVal(best, x) for x in xs])) for xs in s]
+    status = {"optimal": "optimal", "gaplimit": "gap_limit", "timelimit": "time_limit"}.get(
+        model.getStatus(), model.getStatus())
+    gap = float(model.getGap())
+    return choice, status, gap if np.isfinite(gap) else 1.0
+
+
+def min_peak_memory(graph: StrategyGraph, time_limit: float = 30.0) -> float:
+    """The smallest per-device peak memory that any assignment respecting the ties reaches."""
+    from pyscipopt import quicksum
+
+    model = _new_model("alpac-min-memory", time_limit)
+    s = _one_hot_vars(model, graph)
+    peak = model.addVar("peak", lb=0.0)
+    scale = max([p.base for p in graph.memory_points]
+                + [float(m.max()) for p in graph.memory_points for _, m in p.terms] + [1.0])
+    for p in graph.memory_points:
+        model.addCons(p.base / scale + quicksum(float(m[i]) / scale * s[v][i]
+                                                for v, m in p.terms for i in range(len(m)))
+                      <= peak)
+    model.setObjective(peak)
+    model.optimize()
+    return float(model.getObjVal()) * scale if model.getNSols() else float("inf")
+
+
+def brute_force(graph: StrategyGraph) -> tuple[list[int] | None, float]:
+    """Exhaustive search, for tests: the best feasible assignment and its objective."""
+    sizes = [len(c) for c in graph.node_costs]
+    combos = np.array(list(itertools.product(*[range(n) for n in sizes])), dtype=np.int64)
+    combos = combos.reshape(max(len(combos), 1), len(sizes))
+    value = np.zeros(len(combos))
+    for v, c in enumerate(graph.node_costs):
+        value += c[combos[:, v]]
+    for (u, v), m in graph.edges.items():
+        value += m[combos[:, u], combos[:, v]]
+    ok = np.ones(len(combos), dtype=bool)
+    for u, v, allowed in graph.ties:
+        ok &= allowed[combos[:, u], combos[:, v]]
+    if graph.budget is not None:
+        for p in graph.memory_points:
+            used = np.full(len(combos), p.base)
+            for v, m in p.terms:
+                used += m[combos[:, v]]
+            ok &= used <= graph.budget * (1 + 1e-9)
+    if not ok.any():
+        return None, float("inf")
+    value = np.where(ok, value, np.inf)
+    best = int(np.argmin(value))
+    return [int(x) for x in combos[best]], float(value[best])

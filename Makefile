@@ -20,7 +20,7 @@ demo: $(STAMP)
 	$(VENV)/bin/alpac inspect testdata/models/gpt_train.hlo
 
 bench: $(STAMP)
-	$(PY) -m pytest -q -m bench -s
+	for f in benchmarks/bench_*.py; do $(PY) $$f || exit 1; done
 
 testdata: $(STAMP)
 	$(PY) testdata/generate.py

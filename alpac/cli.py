@@ -1,0 +1,130 @@
+"""The `alpac` command: inspect, passes, compile, explain.
+
+Bad input ends with one line on stderr and exit code 2; a failed check or pass with exit 1;
+`--debug` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from alpac.errors import CheckFailed, UserError
+from alpac.passmanager import PassFailed
+
+err_console = Console(stderr=True, highlight=False)
+
+
+class _Group(click.Group):
+    """Turns alpac's own exceptions into one line and an exit code."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except (UserError, CheckFailed, PassFailed) as e:
+            if ctx.obj and ctx.obj.get("debug"):
+                raise
+            err_console.print(f"alpac: error: {e}", markup=False, soft_wrap=True)
+            sys.exit(e.exit_code)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
+@click.version_option(package_name="alpac")
+@click.pass_context
+def main(ctx: click.Context, debug: bool) -> None:
+    """alpac: plan and compile XLA HLO modules for many devices."""
+    ctx.obj = {"debug": debug}
+
+
+@main.command()
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+def inspect(model: Path, as_json: bool) -> None:
+    """Show what MODEL holds: instructions, parameters, outputs, aliases, FLOPs."""
+    from alpac.compiler import build_pipeline
+    from alpac.inspect import render, summarize
+    from alpac.passmanager import CompileContext, PassManager
+
+    ctx = CompileContext(model, cluster=None)
+    PassManager(build_pipeline("load,inline-calls,cost-analysis")).run(ctx)
+    summary = summarize(ctx.module)
+    if as_json:
+        click.echo(json.dumps(summary, indent=1))
+    else:
+        render(summary, Console(highlight=False))
+
+
+@main.command(name="passes")
+def list_passes() -> None:
+    """List the available passes (built-in and installed) with what they do."""
+    import dataclasses
+
+    from rich.table import Table
+
+    from alpac.compiler import default_recipe
+    from alpac.passmanager import available_passes
+
+    registry = available_passes()
+    recipe = default_recipe()
+    table = Table(show_edge=False)
+    for col in ("pass", "in recipe", "description", "options"):
+        table.add_column(col)
+    for name, cls in registry.items():
+        opts = ", ".join(f"{f.name}={f.default!r}" for f in dataclasses.fields(cls))
+        table.add_row(name, str(recipe.index(name) + 1) if name in recipe else "-",
+                      cls.description, opts)
+    Console(highlight=False, width=max(120, Console().width)).print(table)
+
+
+@main.command()
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("--cluster", "cluster_path", type=click.Path(path_type=Path),
+              help="cluster.yaml describing the devices (default: this machine).")
+@click.option("-o", "--output", "out_dir", type=click.Path(path_type=Path), default=Path("plan"),
+              show_default=True, help="Plan directory to write (replaced atomically).")
+@click.option("--passes", "passes_spec", help="Comma-separated pass list replacing the recipe, "
+              "e.g. 'load,cost-analysis,my-pass{opt=1}'.")
+@click.option("--skip-pass", multiple=True, help="Leave this pass out of the recipe.")
+@click.option("--dump-after", multiple=True,
+              help="Write the IR after this pass to <plan dir>.dump/after-<pass>.hlo.")
+@click.option("--timings", is_flag=True, help="Print the time each pass took.")
+def compile(model: Path, cluster_path: Path | None, out_dir: Path, passes_spec: str | None,
+            skip_pass: tuple[str, ...], dump_after: tuple[str, ...], timings: bool) -> None:
+    """Compile MODEL into a plan directory."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from alpac.cluster import default_cluster, load_cluster
+    from alpac.compiler import build_pipeline, compile_model
+
+    cluster = load_cluster(cluster_path) if cluster_path else default_cluster()
+    pipeline = build_pipeline(passes_spec, skip_pass)
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                  console=err_console, transient=True) as progress:
+        task = progress.add_task("compiling", total=len(pipeline))
+
+        def on_start(p):
+            progress.update(task, description=f"pass {p.name}: {p.description}")
+
+        ctx, path = compile_model(model, cluster, pipeline, out_dir,
+                                  dump_after=frozenset(dump_after), on_start=on_start,
+                                  on_end=lambda p, dt: progress.advance(task))
+    console = Console(highlight=False)
+    console.print(f"plan written to {path} ({len(ctx.ran)} passes)")
+    if timings:
+        from rich.table import Table
+        table = Table(title="time per pass", show_edge=False)
+        table.add_column("pass")
+        table.add_column("seconds", justify="right")
+        for name, seconds in ctx.timings.items():
+            table.add_row(name, f"{seconds:.3f}")
+        table.add_row("[bold]total", f"{sum(ctx.timings.values()):.3f}")
+        console.print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""The compile recipe: the named passes, in order, and the driver that runs them and writes
+the plan directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alpac import __version__
+from alpac.errors import UserError
+from alpac.loader import module_hash
+from alpac.passmanager import CompileContext, Pass, PassManager, available_passes, \
+    parse_pipeline
+from alpac.plan import write_plan_dir
+
+
+def default_recipe() -> list[str]:
+    return [
+        "load",           # the model file -> IR
+        "inline-calls",   # one flat entry computation (front ends keep library calls)
+        "cost-analysis",  # FLOPs, transcendentals and bytes of every instruction
+    ]
+
+
+def build_pipeline(spec: str | None = None, skip: tuple[str, ...] = (),
+                   options: dict[str, dict[str, str]] | None = None) -> list[Pass]:
+    """Pass instances for `spec` (default: the recipe), minus `skip`; `options` adds
+    per-pass options (from CLI flags) under those given in the spec."""
+    registry = available_passes()
+    for name in skip:
+        if name not in registry:
+            raise UserError(f"--skip-pass names unknown pass '{name}'; `alpac passes` lists "
+                            f"them")
+    pipeline = []
+    for name, spec_options in parse_pipeline(spec or ",".join(default_recipe())):
+        if name not in registry:
+            raise UserError(f"unknown pass '{name}'; `alpac passes` lists them: "
+                            f"{', '.join(registry)}")
+        if name not in skip:
+            merged = {**(options or {}).get(name, {}), **spec_options}
+            pipeline.append(registry[name].with_options(merged))
+    return pipeline
+
+
+def compile_model(model_path: str | Path, cluster, pipeline: list[Pass], out_dir: str | Path,
+                  *, dump_after: frozenset[str] = frozenset(), on_start=None, on_end=None
+                  ) -> tuple[CompileContext, Path]:
+    ctx = CompileContext(Path(model_path), cluster)
+    dump_dir = Path(out_dir).with_name(Path(out_dir).name + ".dump")
+    PassManager(pipeline, dump_after, dump_dir, on_start, on_end).run(ctx)
+    plan = {
+        "compiler": {"name": "alpac", "version": __version__,
+                     "passes": [_describe(p) for p in pipeline]},
+        "source": {"file": Path(model_path).name, "sha256": module_hash(model_path),
+                   "module": ctx.module.name if ctx.module else None},
+        "cluster": cluster.to_dict(),
+        **ctx.plan,
+    }
+    stats = {"pass_seconds": ctx.timings, **ctx.stats}
+    return ctx, write_plan_dir(out_dir, plan, ctx.artifacts, stats)
+
+
+def _describe(p: Pass) -> dict:
+    return {"name": p.name, "options": {k: v for k, v in sorted(vars(p).items())}}

@@ -1,0 +1,180 @@
+"""The `alpac` command as a user meets it: exit codes, one-line errors, the pass registry."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, TESTDATA
+
+ALPAC = [sys.executable, "-m", "alpac.cli"]
+
+
+def run(*args, env=None, cwd=None):
+    return subprocess.run([*ALPAC, *map(str, args)], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, cwd=cwd or ROOT, timeout=300)
+
+
+def assert_one_line_error(result, *phrases, code=2):
+    assert result.returncode == code, result.stderr + result.stdout
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    for phrase in phrases:
+        assert phrase in lines[0], lines[0]
+
+
+def test_inspect_json():
+    result = run("inspect", TESTDATA / "models" / "mlp_train.hlo", "--json")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["parameters"][0]["index"] == 0
+    assert len(summary["aliases"]) == len(summary["outputs"]) - 1  # all but the loss
+    assert summary["cost"]["flops"] > 0
+    assert summary["opcodes"]["dot"] > 0
+
+
+def test_inspect_rich():
+    result = run("inspect", TESTDATA / "models" / "gpt_fwd.hlo")
+    assert result.returncode == 0, result.stderr
+    assert "instructions by opcode" in result.stdout and "MFLOP" in result.stdout
+
+
+BAD_MODELS = {
+    "empty.hlo": (b"", ["empty.hlo:1:1", "empty"]),
+    "truncated.hlo": (b"HloModule m\nENTRY %e {\n  %p = f32[2] parameter(0)\n  ROOT %a = f32[2] "
+                      b"add(%p,", ["truncated.hlo:4:", "unbalanced"]),
+    "garbage.hlo": (bytes(range(256)) * 4, ["garbage.hlo:", "not UTF-8"]),
+    "undefined_comp.hlo": (b"HloModule m\nENTRY %e {\n  %p = f32[2] parameter(0)\n  %z = f32[] "
+                           b"constant(0)\n  ROOT %r = f32[] reduce(%p, %z), dimensions={0}, "
+                           b"to_apply=%sum\n}\n", ["undefined_comp.hlo:5:", "'sum'"]),
+    "undefined_operand.hlo": (b"HloModule m\nENTRY %e {\n  ROOT %a = f32[2] add(%x, %x)\n}\n",
+                              ["undefined_operand.hlo:3:", "'x'"]),
+    "bad_shape.hlo": (b"HloModule m\nENTRY %e {\n  ROOT %p = f32[2,,-1] parameter(0)\n}\n",
+                      ["bad_shape.hlo:3:", "shape"]),
+    "garbage.pb": (b"\x00\x01\x02garbage", ["garbage.pb", "HloModuleProto"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_MODELS))
+def test_bad_model_exit_2(tmp_path, name):
+    data, phrases = BAD_MODELS[name]
+    path = tmp_path / name
+    path.write_bytes(data)
+    assert_one_line_error(run("inspect", path), *phrases)
+
+
+def test_missing_path_and_directory(tmp_path):
+    assert_one_line_error(run("inspect", tmp_path / "nope.hlo"), "nope.hlo", "no such file")
+    assert_one_line_error(run("inspect", tmp_path), "is a directory")
+
+
+BAD_CLUSTERS = {
+    "missing key": ("name: c\nnodes: 1\ndevice: {name: x, memory: 1GiB, flops: {f32: 1e12}}\n"
+                    "links:\n  intra_node: {bandwidth: 1GB/s, latency: 1us}\n",
+                    "devices_per_node"),
+    "unknown unit": ("name: c\nnodes: 1\ndevices_per_node: 2\n"
+                     "device: {name: x, memory: 1GiB, flops: {f32: 1e12}}\n"
+                     "links:\n  intra_node: {bandwidth: 1 furlong/s, latency: 1us}\n",
+                     "links.intra_node.bandwidth"),
+    "negative size": ("name: c\nnodes: 1\ndevices_per_node: 2\n"
+                      "device: {name: x, memory: -1GiB, flops: {f32: 1e12}}\n"
+                      "links:\n  intra_node: {bandwidth: 1GB/s, latency: 1us}\n",
+                      "device.memory"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CLUSTERS))
+def test_bad_cluster_exit_2(tmp_path, case):
+    text, phrase = BAD_CLUSTERS[case]
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(text)
+    result = run("compile", TESTDATA / "models" / "mlp_fwd.hlo", "--cluster", cluster,
+                 "-o", tmp_path / "plan", "--passes", "load")
+    assert_one_line_error(result, "cluster.yaml:", phrase)
+    assert not (tmp_path / "plan").exists()
+
+
+def test_unknown_pass_is_usage_error(tmp_path):
+    result = run("compile", TESTDATA / "models" / "mlp_fwd.hlo", "--passes", "load,nope",
+                 "-o", tmp_path / "plan")
+    assert_one_line_error(result, "unknown pass 'nope'")
+
+
+def test_compile_dump_and_timings(tmp_path):
+    out = tmp_path / "plan"
+    result = run("compile", TESTDATA / "models" / "mlp_fwd.hlo", "-o", out,
+                 "--passes", "load,inline-calls,cost-analysis", "--dump-after", "inline-calls",
+                 "--timings")
+    assert result.returncode == 0, result.stderr
+    assert "cost-analysis" in result.stdout  # the timings table
+    assert (tmp_path / "plan.dump" / "after-inline-calls.hlo").read_text().startswith("HloModule")
+    plan = json.loads((out / "plan.json").read_text())
+    assert [p["name"] for p in plan["compiler"]["passes"]] == ["load", "inline-calls",
+                                                               "cost-analysis"]
+
+
+PLUGIN = {
+    "pyproject.toml": """
+        [build-system]
+        requires = ["setuptools"]
+        build-backend = "setuptools.build_meta"
+        [project]
+        name = "alpac-hello-pass"
+        version = "0.1"
+        [project.entry-points."alpac.passes"]
+        hello = "alpac_hello_pass:HelloPass"
+    """,
+    "alpac_hello_pass/__init__.py": """
+        from dataclasses import dataclass
+        from alpac.passmanager import Pass
+
+        @dataclass
+        class HelloPass(Pass):
+            name = "hello"
+            description = "count entry instructions (a test plug-in)"
+            greeting: str = "hi"
+
+            def run(self, ctx):
+                n = len(ctx.module.entry.instructions)
+                ctx.plan["hello"] = {"greeting": self.greeting, "entry_instructions": n}
+    """,
+}
+
+
+def test_pass_from_installed_package(tmp_path):
+    src = tmp_path / "src"
+    for rel, text in PLUGIN.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_text(textwrap.dedent(text))
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                    "--no-build-isolation", "--no-index", "--target", str(site), str(src)],
+                   check=True, capture_output=True)
+    env = {"PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
+    listed = run("passes", env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert "hello" in listed.stdout and "a test plug-in" in listed.stdout
+
+    out = tmp_path / "plan"
+    result = run("compile", TESTDATA / "models" / "mlp_fwd.hlo", "-o", out,
+                 "--passes", "load,hello{greeting=bonjour}", env=env)
+    assert result.returncode == 0, result.stderr
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["hello"]["greeting"] == "bonjour"
+    assert plan["hello"]["entry_instructions"] > 0
+
+
+def test_failing_pass_is_named(tmp_path):
+    # cost-analysis needs a module: without `load` before it the manager names what is missing
+    result = run("compile", TESTDATA / "models" / "mlp_fwd.hlo", "-o", tmp_path / "plan",
+                 "--passes", "cost-analysis")
+    assert result.returncode == 1
+    assert "pass 'cost-analysis' failed" in result.stderr
+    assert not (tmp_path / "plan").exists()

@@ -110,88 +110,170 @@ class Infeasible(Exception):
 class Reduced:
     graph: StrategyGraph
     keep: list[np.ndarray]  # per original node: its original strategy indices still in play
-    index: dict[int, int]  # original node -> node of the reduced graph (absent: constant)
+    index: dict[int, int]  # original node -> node of the reduced graph
+    eliminated: list[tuple]  # (v, u, w, table) in elimination order, see `expand`
 
     def expand(self, choice: list[int]) -> list[int]:
-        return [int(k[choice[self.index[v]]]) if v in self.index else int(k[0])
-                for v, k in enumerate(self.keep)]
+        """Original strategy indices of every original node for a reduced-graph choice."""
+        full = [int(k[0]) for k in self.keep]
+        for v, new in self.index.items():
+            full[v] = int(self.keep[v][choice[new]])
+        for v, u, w, table in reversed(self.eliminated):
+            if u is None:
+                full[v] = int(table)
+            elif w is None:
+                full[v] = int(table[full[u]])
+            else:
+                full[v] = int(table[full[u], full[w]])
+        return full
 
 
 def reduce_graph(graph: StrategyGraph) -> Reduced:
-    keep = [np.arange(len(c)) for c in graph.node_costs]
-    costs = [c.copy() for c in graph.node_costs]
-    edges = {k: m.copy() for k, m in graph.edges.items()}
-    points = [MemoryPoint(p.base, [(v, m.copy()) for v, m in p.terms])
-              for p in graph.memory_points]
-    tied = {u for u, _, _ in graph.ties} | {v for _, v, _ in graph.ties}
-    use_memory = graph.budget is not None
+    return _Reducer(graph).run()
 
-    changed = True
-    while changed:
+
+class _Reducer:
+    """Exact reductions, repeated until nothing changes (see the module docstring), plus
+    elimination of nodes that no memory point or tie involves: a node with one neighbour folds
+    into it (min over its strategies), a node with two into an edge between them."""
+
+    def __init__(self, graph: StrategyGraph):
+        self.graph = graph
+        self.keep = [np.arange(len(c)) for c in graph.node_costs]
+        self.costs = [c.copy() for c in graph.node_costs]
+        self.edges = {k: m.copy() for k, m in graph.edges.items()}
+        self.points = [MemoryPoint(p.base, [(v, m.copy()) for v, m in p.terms])
+                       for p in graph.memory_points]
+        self.tied = {u for u, _, _ in graph.ties} | {v for _, v, _ in graph.ties}
+        self.use_memory = graph.budget is not None
+        self.in_memory = {v for p in self.points for v, _ in p.terms} if self.use_memory else set()
+        self.alive = set(range(len(self.costs)))
+        self.eliminated: list[tuple] = []
+
+    def incident(self) -> dict[int, list[tuple[tuple[int, int], int]]]:
+        out: dict[int, list] = {v: [] for v in self.alive}
+        for key in self.edges:
+            out[key[0]].append((key, 0))
+            out[key[1]].append((key, 1))
+        return out
+
+    def fold_separable(self) -> bool:
         changed = False
-        for (u, v), m in list(edges.items()):
+        for (u, v), m in list(self.edges.items()):
             a = m[:, :1] - m[:1, :1]
             b = m[:1, :]
             if np.allclose(m, a + b, rtol=0, atol=_EPS + 1e-12 * float(np.abs(m).max())):
-                costs[u] = costs[u] + a[:, 0]
-                costs[v] = costs[v] + b[0]
-                del edges[(u, v)]
+                self.costs[u] = self.costs[u] + a[:, 0]
+                self.costs[v] = self.costs[v] + b[0]
+                del self.edges[(u, v)]
                 changed = True
-        incident: dict[int, list[tuple[tuple[int, int], int]]] = {}
-        for key in edges:
-            incident.setdefault(key[0], []).append((key, 0))
-            incident.setdefault(key[1], []).append((key, 1))
+        return changed
+
+    def drop_dominated(self) -> bool:
+        changed = False
+        incident = self.incident()
         memory_of: dict[int, list[np.ndarray]] = {}
-        if use_memory:
-            for p in points:
+        if self.use_memory:
+            for p in self.points:
                 for v, m in p.terms:
                     memory_of.setdefault(v, []).append(m)
-        for v in range(len(costs)):
-            if v in tied or len(costs[v]) <= 1:
+        for v in sorted(self.alive):
+            if v in self.tied or len(self.costs[v]) <= 1:
                 continue
-            columns = [costs[v][:, None]]
-            columns += [edges[k] if side == 0 else edges[k].T for k, side in incident.get(v, [])]
+            columns = [self.costs[v][:, None]]
+            columns += [self.edges[k] if side == 0 else self.edges[k].T
+                        for k, side in incident[v]]
             columns += [m[:, None] for m in memory_of.get(v, [])]
             drop = _dominated(np.hstack(columns))
             if not drop.any():
                 continue
             mask = ~drop
-            keep[v], costs[v] = keep[v][mask], costs[v][mask]
-            for k, side in incident.get(v, []):
-                edges[k] = edges[k][mask] if side == 0 else edges[k][:, mask]
-            for p in points:
+            self.keep[v], self.costs[v] = self.keep[v][mask], self.costs[v][mask]
+            for k, side in incident[v]:
+                self.edges[k] = self.edges[k][mask] if side == 0 else self.edges[k][:, mask]
+            for p in self.points:
                 p.terms = [(w, m[mask] if w == v else m) for w, m in p.terms]
             changed = True
+        return changed
 
-    index: dict[int, int] = {}
-    out = StrategyGraph(budget=graph.budget)
-    for v in range(len(costs)):
-        if len(costs[v]) > 1 or v in tied:
-            index[v] = out.add_node(costs[v])
-    const = 0.0
-    for (u, v), m in edges.items():
-        if u in index and v in index:
-            out.add_edge(index[u], index[v], m)
-        elif v in index:
-            out.node_costs[index[v]] = out.node_costs[index[v]] + m[0]
-        elif u in index:
-            out.node_costs[index[u]] = out.node_costs[index[u]] + m[:, 0]
-        else:
-            const += float(m[0, 0])
-    seen = set()
-    for p in points:
-        base = p.base + sum(float(m[0]) for v, m in p.terms if v not in index)
-        terms: dict[int, np.ndarray] = {}
-        for v, m in p.terms:
-            if v in index:
-                terms[index[v]] = terms.get(index[v], 0) + m
-        key = (round(base), tuple((v, tuple(np.round(m).astype(np.int64)))
-                                  for v, m in sorted(terms.items())))
-        if key not in seen:
-            seen.add(key)
-            out.memory_points.append(MemoryPoint(base, sorted(terms.items())))
-    out.ties = [(index[u], index[v], a[np.ix_(keep[u], keep[v])]) for u, v, a in graph.ties]
-    return Reduced(out, keep, index)
+    def eliminate(self) -> bool:
+        changed = False
+        incident = self.incident()
+        for v in sorted(self.alive):
+            if v in self.tied or v in self.in_memory or v not in self.alive:
+                continue
+            nbrs = incident[v]
+            if len(nbrs) > 2:
+                continue
+            # each neighbour edge as a matrix [S_v, S_other]
+            mats = [(k[1 - side], self.edges[k] if side == 0 else self.edges[k].T, k)
+                    for k, side in nbrs]
+            if any(other not in self.alive for other, _, _ in mats):
+                continue
+            c = self.costs[v]
+            if not mats:
+                best = int(np.argmin(c))
+                self.eliminated.append((v, None, None, self.keep[v][best]))
+            elif len(mats) == 1:
+                u, m, key = mats[0]
+                total = c[:, None] + m  # [S_v, S_u]
+                best = np.argmin(total, axis=0)
+                table = np.full(len(self.graph.node_costs[u]), -1)
+                table[self.keep[u]] = self.keep[v][best]
+                self.costs[u] = self.costs[u] + total[best, np.arange(total.shape[1])]
+                del self.edges[key]
+                self.eliminated.append((v, u, None, table))
+            else:
+                (u, mu, ku), (w, mw, kw) = mats
+                if u == w or mu.shape[1] * mw.shape[1] > mu.size + mw.size:
+                    continue
+                total = c[:, None, None] + mu[:, :, None] + mw[:, None, :]  # [S_v, S_u, S_w]
+                best = np.argmin(total, axis=0)
+                merged = np.take_along_axis(total, best[None], axis=0)[0]
+                table = np.full((len(self.graph.node_costs[u]), len(self.graph.node_costs[w])),
+                                -1)
+                table[np.ix_(self.keep[u], self.keep[w])] = self.keep[v][best]
+                del self.edges[ku], self.edges[kw]
+                key = (u, w) if u < w else (w, u)
+                merged = merged if u < w else merged.T
+                self.edges[key] = self.edges[key] + merged if key in self.edges else merged
+                self.eliminated.append((v, u, w, table))
+            self.alive.discard(v)
+            incident = self.incident()
+            changed = True
+        return changed
+
+    def run(self) -> Reduced:
+        while self.fold_separable() | self.drop_dominated() | self.eliminate():
+            pass
+        index: dict[int, int] = {}
+        out = StrategyGraph(budget=self.graph.budget)
+        for v in sorted(self.alive):
+            if len(self.costs[v]) > 1 or v in self.tied:
+                index[v] = out.add_node(self.costs[v])
+        for (u, v), m in self.edges.items():
+            if u in index and v in index:
+                out.add_edge(index[u], index[v], m)
+            elif v in index:
+                out.node_costs[index[v]] = out.node_costs[index[v]] + m[0]
+            elif u in index:
+                out.node_costs[index[u]] = out.node_costs[index[u]] + m[:, 0]
+        if self.use_memory:
+            seen = set()
+            for p in self.points:
+                base = p.base + sum(float(m[0]) for v, m in p.terms if v not in index)
+                terms: dict[int, np.ndarray] = {}
+                for v, m in p.terms:
+                    if v in index:
+                        terms[index[v]] = terms.get(index[v], 0) + m
+                key = (round(base), tuple((v, tuple(np.round(m).astype(np.int64)))
+                                          for v, m in sorted(terms.items())))
+                if key not in seen:
+                    seen.add(key)
+                    out.memory_points.append(MemoryPoint(base, sorted(terms.items())))
+        out.ties = [(index[u], index[v], a[np.ix_(self.keep[u], self.keep[v])])
+                    for u, v, a in self.graph.ties]
+        return Reduced(out, self.keep, index, self.eliminated)
 
 
 def _dominated(profile: np.ndarray) -> np.ndarray:
@@ -290,15 +372,21 @@ def _solve_scip(g: StrategyGraph, time_limit: float, gap_limit: float, seed: int
         low = float(m.min())  # shifting a matrix by a constant does not change the argmin
         if low:
             terms.extend((low * TIME_SCALE, x) for x in s[u])
-        rows, cols = m.shape
-        e = [[model.addVar(f"e{u}_{v}_{i}_{j}", lb=0.0, ub=1.0) for j in range(cols)]
-             for i in range(rows)]
-        for i in range(rows):
-            model.addCons(quicksum(e[i]) == s[u][i])
-        for j in range(cols):
-            model.addCons(quicksum(e[i][j] for i in range(rows)) == s[v][j])
-        terms.extend(((float(m[i, j]) - low) * TIME_SCALE, e[i][j])
-                     for i in range(rows) for j in range(cols) if m[i, j] > low)
+        # strategies with identical rows (columns) cost the same against every partner:
+        # one edge variable per pair of groups keeps the marginals exact and the LP small
+        rows, row_of = np.unique(m, axis=0, return_inverse=True)
+        cols, col_of = np.unique(rows, axis=1, return_inverse=True)
+        row_of, col_of = row_of.reshape(-1), col_of.reshape(-1)
+        n_rows, n_cols = cols.shape
+        e = [[model.addVar(f"e{u}_{v}_{r}_{c}", lb=0.0, ub=1.0) for c in range(n_cols)]
+             for r in range(n_rows)]
+        for r in range(n_rows):
+            model.addCons(quicksum(e[r]) == quicksum(s[u][i] for i in np.flatnonzero(row_of == r)))
+        for c in range(n_cols):
+            model.addCons(quicksum(e[r][c] for r in range(n_rows))
+                          == quicksum(s[v][j] for j in np.flatnonzero(col_of == c)))
+        terms.extend(((float(cols[r, c]) - low) * TIME_SCALE, e[r][c])
+                     for r in range(n_rows) for c in range(n_cols) if cols[r, c] > low)
     if g.budget is not None:
         for p in g.memory_points:
             room = 1.0 - p.base / g.budget

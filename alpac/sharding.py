@@ -82,10 +82,12 @@ class Sharding:
         replicate = math.prod(mesh_shape[a] for a in free)
         perm = list(self.used_axes) + free
         dims = tile + ([replicate] if replicate > 1 else [])
-        text = "{devices=[" + ",".join(map(str, dims)) + "]<=[" + ",".join(
-            map(str, mesh_shape)) + "]"
-        if perm != sorted(perm):
-            text += "T(" + ",".join(map(str, perm)) + ")"
+        text = "{devices=[" + ",".join(map(str, dims)) + "]"
+        if perm == sorted(perm):  # XLA writes an untransposed iota as one flat range
+            text += f"<=[{math.prod(mesh_shape)}]"
+        else:
+            text += "<=[" + ",".join(map(str, mesh_shape)) + "]T(" + ",".join(
+                map(str, perm)) + ")"
         if replicate > 1:
             text += " last_tile_dim_replicate"
         return text + "}"

@@ -1,0 +1,76 @@
+"""Intra-operator parallelism: choose a sharding for every instruction of a module on a
+logical mesh (strategies -> ILP -> annotated HLO for XLA's SPMD partitioner).
+
+Meshes with up to two axes of size > 1 are solved in one ILP. Larger meshes are solved the
+way XLA's auto-sharding does: the two most expensive axes first, then one axis more per
+round, each round keeping the choices of the last on the axes it solved (so the answer is
+optimal for the last round's restricted problem, and `iterative` says so).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from alpac.autoshard.builder import Hint, ShardingGraph, build_graph, collectives_of
+from alpac.autoshard.emit import write_shardings
+from alpac.costmodel import CostModel
+from alpac.costs import CostTable
+from alpac.hlo import Module
+from alpac.ilp import Solution, solve
+from alpac.mesh import LogicalMesh
+
+
+@dataclass
+class ShardingResult:
+    module: Module  # the annotated copy
+    graph: ShardingGraph
+    solution: Solution
+    collectives: list  # (instruction name, Collective, multiplier)
+    rounds: list[tuple[int, ...]]  # axes solved in each round
+
+    @property
+    def iterative(self) -> bool:
+        return len(self.rounds) > 1
+
+    def collective_summary(self) -> dict[str, dict]:
+        """kind -> {count, bytes} as they appear in the module (loop bodies once)."""
+        out: dict[str, dict] = defaultdict(lambda: {"count": 0, "bytes": 0})
+        for _, c, _ in self.collectives:
+            out[c.kind]["count"] += 1
+            out[c.kind]["bytes"] += c.nbytes
+        return dict(sorted(out.items()))
+
+
+def solve_rounds(mesh: LogicalMesh, cluster) -> list[tuple[int, ...]]:
+    """Axes to solve per round: all at once for up to two real axes, else the two most
+    expensive (slowest link, then largest) first and one more per round."""
+    real = [a for a, n in enumerate(mesh.shape) if n > 1]
+    if len(real) <= 2:
+        return [tuple(real)]
+    model = CostModel(cluster, mesh)
+    order = sorted(real, key=lambda a: (-model.collective("all-gather", 1 << 20, (a,)),
+                                        -mesh.shape[a], a))
+    return [tuple(sorted(order[:k])) for k in range(2, len(order) + 1)]
+
+
+def auto_shard(module: Module, mesh: LogicalMesh, cluster, *, budget: float | None = None,
+               time_limit: float = 60.0, gap_limit: float = 1e-4) -> ShardingResult:
+    """Shard a copy of `module` over `mesh`; the input module is left as it is."""
+    work = module.clone()
+    costs = CostTable(work)
+    rounds = solve_rounds(mesh, cluster)
+    hint = None
+    for k, axes in enumerate(rounds):
+        last = k == len(rounds) - 1
+        partial = 1
+        for a in axes:
+            partial *= mesh.shape[a]
+        round_budget = None if budget is None else budget * mesh.num_devices / partial
+        sg = build_graph(work, mesh, cluster, costs, round_budget, axes, hint)
+        solution = solve(sg.graph, time_limit=time_limit / len(rounds),
+                         gap_limit=gap_limit)
+        if not last:
+            hint = Hint.from_solution(sg, solution.choice, axes)
+    write_shardings(sg, solution.choice)
+    return ShardingResult(work, sg, solution, collectives_of(sg, solution.choice), rounds)

@@ -1,0 +1,151 @@
+"""Write the chosen shardings into the module for XLA's SPMD partitioner.
+
+Every instruction gets a `sharding=`. Where a user needs an operand in another sharding than
+the operand has, an explicit `copy` carrying the needed sharding is inserted: XLA then
+reshards exactly there, with the collective the plan predicted, instead of choosing its own
+way around a mismatched dot. Transparent values (constants, iota, broadcasts) are cloned once
+per sharding their users need. User shardings already in the module are replaced.
+"""
+
+from __future__ import annotations
+
+from alpac.autoshard.builder import ShardingGraph, Value
+from alpac.autoshard.space import broadcast_operand_sharding
+from alpac.autoshard.strategies import is_transparent
+from alpac.hlo.ir import Computation, Instruction
+from alpac.sharding import Sharding
+
+
+class _Emitter:
+    def __init__(self, sg: ShardingGraph, choice: list[int]):
+        self.sg = sg
+        self.choice = choice
+        self.mesh_shape = tuple(sg.mesh.shape)
+        self.module = sg.module
+        self.copies: dict[tuple[int, Sharding], Instruction] = {}
+        self.clones: dict[tuple[int, Sharding], Instruction] = {}
+        self.inserted: set[int] = set()  # copies and clones carry their own sharding
+
+    def text(self, s: Sharding) -> str:
+        return s.to_xla(self.mesh_shape)
+
+    def value_sharding(self, instr: Instruction, idx=()) -> Sharding:
+        v: Value | None = self.sg.values.get((instr, idx))
+        shape = instr.shape.subshape(idx)
+        return v.sharding(self.choice) if v is not None else Sharding.replicated(shape.rank)
+
+    def leaf_texts(self, instr: Instruction, override=None) -> str:
+        override = override or {}
+        if not instr.shape.is_tuple:
+            return self.text(override.get((), self.value_sharding(instr)))
+        leaves = [self.text(override.get(idx, self.value_sharding(instr, idx)))
+                  for idx, _ in instr.shape.leaves()]
+        return "{" + ", ".join(leaves) + "}"
+
+    # ---- inserted instructions ----------------------------------------------------------------
+    def reshard_copy(self, operand: Instruction, target: Sharding) -> Instruction:
+        key = (id(operand), target)
+        copy = self.copies.get(key)
+        if copy is None:
+            copy = Instruction(self.module.unique_name(f"{operand.name}.reshard"), "copy",
+                               operand.shape, [operand], {"sharding": self.text(target)})
+            operand.parent.append(copy)
+            self.inserted.add(id(copy))
+            self.copies[key] = copy
+        return copy
+
+    def transparent_clone(self, instr: Instruction, target: Sharding) -> Instruction:
+        key = (id(instr), target)
+        clone = self.clones.get(key)
+        if clone is not None:
+            return clone
+        operands = list(instr.operands)
+        if instr.opcode == "broadcast" and operands:
+            inner = broadcast_operand_sharding(target, instr.dims("dimensions"))
+            operands[0] = self.operand_in(operands[0], inner)
+        attrs = {k: v for k, v in instr.attrs.items() if k != "sharding"}
+        attrs["sharding"] = self.text(target)
+        clone = Instruction(self.module.unique_name(f"{instr.name}.s"), instr.opcode, instr.shape,
+                            operands, attrs, instr.payload, instr.line)
+        instr.parent.append(clone)
+        self.inserted.add(id(clone))
+        self.clones[key] = clone
+        return clone
+
+    def operand_in(self, operand: Instruction, target: Sharding) -> Instruction:
+        """`operand` as an instruction with sharding `target`."""
+        if is_transparent(operand):
+            return self.transparent_clone(operand, target)
+        if self.value_sharding(operand) == target:
+            return operand
+        return self.reshard_copy(operand, target)
+
+    # ---- the whole module --------------------------------------------------------------------
+    def run(self) -> None:
+        for instr in self.module.instructions():
+            instr.attrs.pop("sharding", None)
+        root_overrides: dict[int, dict] = {}
+        for use in self.sg.uses:
+            required = use.required_sharding(self.choice)
+            if use.slot is None:  # loop state, branch result or aliased output
+                root_overrides.setdefault(id(use.user), {})[use.index] = required
+                continue
+            if is_transparent(use.user):
+                continue  # handled when the transparent value is cloned
+            operand = use.user.operands[use.slot]
+            new = self.operand_in(operand, required)
+            if new is not operand:
+                use.user.operands[use.slot] = new
+        for comp in self.module.computations:
+            for instr in list(comp.instructions):
+                if is_transparent(instr) or id(instr) in self.inserted or \
+                        instr.opcode == "while":
+                    continue  # transparent: cloned per use; while: below, from its state
+                instr.attrs["sharding"] = self.leaf_texts(instr)
+        for instr in self.module.instructions():
+            if instr.opcode == "while":
+                self.while_shardings(instr, root_overrides)
+            elif instr.opcode == "conditional":
+                for comp in instr.called_computations:
+                    self.fix_root(comp, root_overrides.get(id(comp.root), {}),
+                                  self.leaf_texts(instr))
+        entry = self.module.entry
+        self.fix_root(entry, root_overrides.get(id(entry.root), {}), None)
+        for comp in self.module.computations:
+            comp.topological_sort()
+        for instr in self.module.instructions():
+            if is_transparent(instr) and "sharding" not in instr.attrs:
+                instr.attrs["sharding"] = "{replicated}"
+        for comp in self.module.computations:
+            comp.remove_dead()
+
+    def while_shardings(self, loop: Instruction, root_overrides) -> None:
+        state = self.leaf_texts(loop.operands[0])
+        loop.attrs["sharding"] = state
+        for comp in (loop.called("body"), loop.called("condition")):
+            comp.parameters[0].attrs["sharding"] = state
+        body = loop.called("body")
+        self.fix_root(body, root_overrides.get(id(body.root), {}), state)
+
+    def fix_root(self, comp: Computation, needed: dict, sharding_text: str | None) -> None:
+        """Make the root's leaves arrive in the needed shardings (inserting copies) and give the
+        root its final sharding."""
+        root = comp.root
+        if needed and root.opcode == "tuple" and all(len(idx) == 1 for idx in needed):
+            for (k,), target in needed.items():
+                root.operands[k] = self.operand_in(root.operands[k], target)
+        elif needed and not root.shape.is_tuple and () in needed:
+            comp.root = self.operand_in(root, needed[()])
+            root = comp.root
+        elif needed:
+            raise ValueError(f"cannot reshard the result of {comp.name}: root {root.name} is "
+                             f"{root.opcode}")
+        if sharding_text is None:
+            sharding_text = self.leaf_texts(root, needed)
+        root.attrs["sharding"] = sharding_text
+
+
+def write_shardings(sg: ShardingGraph, choice: list[int]) -> None:
+    """Annotate `sg.module` in place with the shardings of `choice`."""
+    _Emitter(sg, choice).run()
+

@@ -1,0 +1,76 @@
+"""Turning one sharding of an array into another on the same mesh: which collectives XLA's
+SPMD partitioner uses, and what they cost.
+
+Per mesh axis: kept on the same dimension -> nothing; newly splitting a dimension -> a local
+slice (free); no longer splitting -> all-gather over that axis; moving to another dimension ->
+all-to-all over that axis. The all-to-alls come first, then one all-gather over every axis
+given up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from alpac.costmodel import CostModel
+from alpac.sharding import Sharding
+
+
+@dataclass(frozen=True)
+class Collective:
+    kind: str  # all-reduce | all-gather | reduce-scatter | all-to-all | collective-permute
+    axes: tuple[int, ...]
+    nbytes: int  # bytes of the result on each device, as XLA's instruction shape counts them
+
+    def seconds(self, model: CostModel) -> float:
+        n = model.group_size(self.axes)
+        # the cost model takes the full (gathered) size for gathers and scatters
+        full = self.nbytes * n if self.kind == "reduce-scatter" else self.nbytes
+        return model.collective(self.kind, full, self.axes)
+
+
+def _tile_bytes(dims, elem_bits: int, s: Sharding, mesh_shape) -> int:
+    n = 1
+    for d in s.tile_dims(dims, mesh_shape):
+        n *= d
+    return (n * elem_bits + 7) // 8
+
+
+def reshard(dims: tuple[int, ...], elem_bits: int, src: Sharding, dst: Sharding,
+            mesh_shape: tuple[int, ...]) -> tuple[Collective, ...]:
+    """Collectives that turn `src` into `dst` (both without partial sums)."""
+    if src == dst:
+        return ()
+    out: list[Collective] = []
+    current = [list(axes) for axes in src.dim_axes]
+    moved, dropped = [], []
+    for axis in sorted(set(src.used_axes)):
+        ds, dd = src.axis_dim(axis), dst.axis_dim(axis)
+        if ds == dd:
+            continue
+        if dd is None:
+            dropped.append(axis)
+        else:
+            moved.append((axis, ds, dd))
+    for axis, ds, dd in moved:
+        current[ds].remove(axis)
+        current[dd].append(axis)
+        state = Sharding(tuple(tuple(a) for a in current))
+        out.append(Collective("all-to-all", (axis,), _tile_bytes(dims, elem_bits, state,
+                                                                  mesh_shape)))
+    if dropped:
+        for axis in dropped:
+            for axes in current:
+                if axis in axes:
+                    axes.remove(axis)
+        state = Sharding(tuple(tuple(a) for a in current))
+        out.append(Collective("all-gather", tuple(dropped),
+                              _tile_bytes(dims, elem_bits, state, mesh_shape)))
+    # same axes on a dimension in another order: devices hold other tiles -> permute
+    final = Sharding(tuple(tuple(a) for a in current))
+    kept_same = all(set(f) <= set(d) for f, d in zip(final.dim_axes, dst.dim_axes))
+    reordered = any(f != tuple(x for x in d if x in f) for f, d in zip(final.dim_axes,
+                                                                      dst.dim_axes))
+    if kept_same and reordered:
+        out.append(Collective("collective-permute", tuple(final.used_axes),
+                              _tile_bytes(dims, elem_bits, final, mesh_shape)))
+    return tuple(out)

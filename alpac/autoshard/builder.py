@@ -17,8 +17,8 @@ import numpy as np
 
 from alpac.autoshard.resharding import Collective, reshard
 from alpac.autoshard.space import array_shardings, broadcast_operand_sharding
-from alpac.autoshard.strategies import COLLECTIVE_OPS, MATERIALIZED, Strategy, follow, \
-    followed_operand, is_transparent, replicated_strategy, source_strategies
+from alpac.autoshard.strategies import COLLECTIVE_OPS, FUSIBLE, MATERIALIZED, Strategy, \
+    follow, followed_operand, is_transparent, replicated_strategy, source_strategies
 from alpac.costmodel import CostModel
 from alpac.costs import CostTable
 from alpac.errors import UserError
@@ -103,6 +103,7 @@ class _Builder:
         self.live_values: dict[int, Value] = {}
         self._reshard_cache: dict = {}
         self.values = self.out.values  # one environment: instructions are unique objects
+        self.users = {i: u for c in module.computations for i, u in c.users().items()}
 
     # ---- costs ---------------------------------------------------------------------------
     def strategy_seconds(self, instr: Instruction, st: Strategy) -> float:
@@ -127,11 +128,21 @@ class _Builder:
     def new_value(self, node, shardings, instr, leaf, shape) -> Value:
         v = Value(node, shardings, shape, instr, leaf)
         self.out.values[(instr, leaf)] = v
-        if instr.opcode in MATERIALIZED:
+        if self.materialized(instr):
             self.birth[id(v)] = self.position
             self.death[id(v)] = self.position
             self.live_values[id(v)] = v
         return v
+
+    def materialized(self, instr: Instruction) -> bool:
+        """Whether XLA keeps this value in a buffer of its own: results of heavy ops, and of
+        any op with a user it cannot fuse into (loop fusion absorbs elementwise chains)."""
+        if instr.opcode in MATERIALIZED:
+            return True
+        if instr.opcode in ("tuple", "get-tuple-element"):
+            return False
+        users = self.users.get(instr, ())
+        return not users or any(u.opcode not in FUSIBLE for u in users) or len(users) > 1
 
     def touch(self, v: Value) -> None:
         if id(v) in self.death:

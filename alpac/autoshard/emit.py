@@ -12,7 +12,9 @@ from __future__ import annotations
 from alpac.autoshard.builder import ShardingGraph, Value
 from alpac.autoshard.space import broadcast_operand_sharding
 from alpac.autoshard.strategies import is_transparent
-from alpac.hlo.ir import Computation, Instruction
+from alpac.hlo.ir import Computation, ComputationRefs, Instruction
+from alpac.hlo.shape import Shape
+from alpac.hlo.transforms import replace_uses
 from alpac.sharding import Sharding
 
 
@@ -25,6 +27,7 @@ class _Emitter:
         self.copies: dict[tuple[int, Sharding], Instruction] = {}
         self.clones: dict[tuple[int, Sharding], Instruction] = {}
         self.inserted: set[int] = set()  # copies and clones carry their own sharding
+        self.channel: int | None = None
 
     def text(self, s: Sharding) -> str:
         return s.to_xla(self.mesh_shape)
@@ -111,6 +114,12 @@ class _Emitter:
                                   self.leaf_texts(instr))
         entry = self.module.entry
         self.fix_root(entry, root_overrides.get(id(entry.root), {}), None)
+        for instr, plan in list(self.sg.plans.items()):
+            if plan.strategies:
+                st = plan.strategy(self.choice)
+                scatter = [c for c in st.collectives if c.kind == "reduce-scatter"]
+                if scatter:
+                    self.manual_reduce_scatter(instr, st, scatter[0])
         for comp in self.module.computations:
             comp.topological_sort()
         for instr in self.module.instructions():
@@ -118,6 +127,74 @@ class _Emitter:
                 instr.attrs["sharding"] = "{replicated}"
         for comp in self.module.computations:
             comp.remove_dead()
+
+    # ---- reduce-scatter in a manual region ------------------------------------------------------
+    def manual_reduce_scatter(self, instr: Instruction, st, rs) -> None:
+        """Rewrite `instr` (a dot, convolution or reduce whose partial sums are reduce-
+        scattered) as: operands to per-device tiles, the op on the tiles, an explicit
+        reduce-scatter, back to the full shape. XLA's SPMD partitioner leaves manual regions as
+        written, so the collective is the one predicted (XLA's CPU pipeline would otherwise
+        all-reduce and slice)."""
+        comp = instr.parent
+        out = st.outputs[0]
+        scattered_dim = next(d for d, axes in enumerate(out.dim_axes)
+                             if set(rs.axes) <= set(axes))
+        local_sharding = Sharding(tuple(
+            tuple(a for a in axes if a not in rs.axes) if d == scattered_dim else axes
+            for d, axes in enumerate(out.dim_axes)))
+        manual_ops = []
+        for operand, need in zip(instr.operands, st.inputs):
+            tile = need.tile_dims(operand.shape.dims, self.mesh_shape)
+            manual_ops.append(self.add(comp, Instruction(
+                self.module.unique_name(f"{operand.name}.manual"), "custom-call",
+                operand.shape.with_dims(tile), [operand],
+                {"custom_call_target": '"SPMDFullToShardShape"', "sharding": "{manual}"})))
+        local = self.add(comp, Instruction(
+            self.module.unique_name(f"{instr.name}.local"), instr.opcode,
+            instr.shape.with_dims(local_sharding.tile_dims(instr.shape.dims, self.mesh_shape)),
+            manual_ops, {**{k: v for k, v in instr.attrs.items() if k != "sharding"},
+                         "sharding": "{manual}"}, instr.payload, instr.line))
+        reducer = instr.called("to_apply") or self.add_computation(instr.shape.dtype)
+        groups = self.sg.mesh.groups(tuple(rs.axes))
+        scattered = self.add(comp, Instruction(
+            self.module.unique_name(f"{instr.name}.reduce-scatter"), "reduce-scatter",
+            instr.shape.with_dims(out.tile_dims(instr.shape.dims, self.mesh_shape)), [local],
+            {"channel_id": str(self.next_channel()),
+             "replica_groups": "{" + ",".join("{" + ",".join(map(str, g)) + "}"
+                                              for g in groups) + "}",
+             "use_global_device_ids": "true", "dimensions": "{" + str(scattered_dim) + "}",
+             "to_apply": ComputationRefs([reducer]), "sharding": "{manual}"}))
+        full = self.add(comp, Instruction(
+            self.module.unique_name(f"{instr.name}.full"), "custom-call", instr.shape,
+            [scattered], {"custom_call_target": '"SPMDShardToFullShape"',
+                          "sharding": self.text(out)}))
+        replace_uses(comp, instr, full)
+        comp.topological_sort()
+
+    def add(self, comp: Computation, instr: Instruction) -> Instruction:
+        self.inserted.add(id(instr))
+        return comp.append(instr)
+
+    def next_channel(self) -> int:
+        if self.channel is None:
+            self.channel = max((int(str(i.attrs["channel_id"])) for i in
+                                self.module.instructions() if "channel_id" in i.attrs),
+                               default=0)
+        self.channel += 1
+        return self.channel
+
+    def add_computation(self, dtype: str) -> Computation:
+        """A scalar `add` reducer for the element type (one per type)."""
+        name = f"alpac.add.{dtype}"
+        for comp in self.module.computations:
+            if comp.name == name:
+                return comp
+        scalar = Shape(dtype)
+        x = Instruction("x", "parameter", scalar, (), {}, "0")
+        y = Instruction("y", "parameter", scalar, (), {}, "1")
+        comp = Computation(name, [x, y, Instruction("sum", "add", scalar, [x, y])])
+        self.module.computations.insert(0, comp)
+        return comp
 
     def while_shardings(self, loop: Instruction, root_overrides) -> None:
         state = self.leaf_texts(loop.operands[0])

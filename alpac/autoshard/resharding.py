@@ -37,10 +37,13 @@ def _tile_bytes(dims, elem_bits: int, s: Sharding, mesh_shape) -> int:
 
 def reshard(dims: tuple[int, ...], elem_bits: int, src: Sharding, dst: Sharding,
             mesh_shape: tuple[int, ...]) -> tuple[Collective, ...]:
-    """Collectives that turn `src` into `dst` (both without partial sums)."""
+    """Collectives that turn `src` into `dst` (both without partial sums), as XLA does it."""
     if src == dst:
         return ()
     out: list[Collective] = []
+    if _needs_permute(src, dst):
+        out.append(Collective("collective-permute", tuple(sorted(set(src.used_axes))),
+                              _tile_bytes(dims, elem_bits, src, mesh_shape)))
     current = [list(axes) for axes in src.dim_axes]
     moved, dropped = [], []
     for axis in sorted(set(src.used_axes)):
@@ -65,12 +68,15 @@ def reshard(dims: tuple[int, ...], elem_bits: int, src: Sharding, dst: Sharding,
         state = Sharding(tuple(tuple(a) for a in current))
         out.append(Collective("all-gather", tuple(dropped),
                               _tile_bytes(dims, elem_bits, state, mesh_shape)))
-    # same axes on a dimension in another order: devices hold other tiles -> permute
-    final = Sharding(tuple(tuple(a) for a in current))
-    kept_same = all(set(f) <= set(d) for f, d in zip(final.dim_axes, dst.dim_axes))
-    reordered = any(f != tuple(x for x in d if x in f) for f, d in zip(final.dim_axes,
-                                                                      dst.dim_axes))
-    if kept_same and reordered:
-        out.append(Collective("collective-permute", tuple(final.used_axes),
-                              _tile_bytes(dims, elem_bits, final, mesh_shape)))
     return tuple(out)
+
+
+def _needs_permute(src: Sharding, dst: Sharding) -> bool:
+    """Tiles keep their meaning only when, on every dimension, the axes both keep are the
+    major part of both splits in the same order (axes leave and join at the minor end);
+    otherwise devices hold other tiles and data must be permuted first."""
+    for s_axes, d_axes in zip(src.dim_axes, dst.dim_axes):
+        kept = [a for a in s_axes if a in d_axes]
+        if tuple(kept) != s_axes[:len(kept)] or tuple(kept) != d_axes[:len(kept)]:
+            return True
+    return False

@@ -46,6 +46,8 @@ COLLECTIVE_OPS = frozenset({"all-reduce", "all-gather", "reduce-scatter", "all-t
                             "collective-permute", "all-reduce-start", "all-gather-start",
                             "collective-permute-start", "all-reduce-done", "all-gather-done",
                             "collective-permute-done", "collective-broadcast"})
+FUSIBLE = ELEMENTWISE | {"convert", "copy", "broadcast", "reshape", "bitcast", "transpose",
+                         "slice", "iota", "constant"}
 MATERIALIZED = frozenset({"dot", "convolution", "reduce", "reduce-window", "gather", "scatter",
                           "sort", "custom-call", "while", "conditional", "select-and-scatter",
                           "dynamic-update-slice", "concatenate", "pad", "fft", "cholesky",
@@ -73,14 +75,16 @@ def _size(mesh_shape, axes) -> int:
 
 
 def _sharding(dim_axes: list[list[int]]) -> Sharding:
-    return Sharding(tuple(tuple(sorted(a)) for a in dim_axes))
+    """Axes stay in the order given: a reduce-scatter appends its axes as the minor split."""
+    return Sharding(tuple(tuple(a) for a in dim_axes))
 
 
 def _fits(dims, dim_axes, mesh_shape) -> bool:
     return all(d % _size(mesh_shape, a) == 0 for d, a in zip(dims, dim_axes))
 
 
-def _reduction_variants(name, out_axes, out_dims, partial_axes, elem_bits, mesh_shape):
+def _reduction_variants(name, out_axes, out_dims, partial_axes, elem_bits, mesh_shape,
+                        scatter: bool = True):
     """Partial sums over `partial_axes` are all-reduced, or reduce-scattered onto one output
     dimension that they divide: (name suffix, output sharding, collectives)."""
     out = _sharding(out_axes)
@@ -90,6 +94,8 @@ def _reduction_variants(name, out_axes, out_dims, partial_axes, elem_bits, mesh_
     nbytes = (math.prod(tile) * elem_bits + 7) // 8
     axes = tuple(sorted(partial_axes))
     variants = [(name + "|all-reduce", out, (Collective("all-reduce", axes, nbytes),))]
+    if not scatter:
+        return variants
     n = _size(mesh_shape, axes)
     for d, size in enumerate(tile):
         if size % n == 0 and size >= n:
@@ -252,7 +258,8 @@ def reduce_strategies(instr: Instruction, mesh_shape) -> list[Strategy]:
                                                    for _ in range(n_in))
         bits = sum(s.element_bits for s in leaves)
         for name, osh, colls in _reduction_variants(",".join(names) or "R", oa, out_dims,
-                                                    partial, bits, mesh_shape):
+                                                    partial, bits, mesh_shape,
+                                                    scatter=len(leaves) == 1):
             out.append(Strategy(name, tuple(osh for _ in leaves), ins, divisor, colls))
     return out
 

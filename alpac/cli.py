@@ -93,8 +93,15 @@ def list_passes() -> None:
 @click.option("--dump-after", multiple=True,
               help="Write the IR after this pass to <plan dir>.dump/after-<pass>.hlo.")
 @click.option("--timings", is_flag=True, help="Print the time each pass took.")
+@click.option("--mesh", help="One stage on a logical mesh of this shape (8, 2x4, 2x2x2): "
+              "intra-operator parallelism only.")
+@click.option("--memory-budget", help="Bytes per device the plan must fit (e.g. 12GiB; "
+              "default: the device memory in the cluster spec).")
+@click.option("--time-limit", type=float, help="Seconds the ILP solver may take per stage "
+              "(default 60).")
 def compile(model: Path, cluster_path: Path | None, out_dir: Path, passes_spec: str | None,
-            skip_pass: tuple[str, ...], dump_after: tuple[str, ...], timings: bool) -> None:
+            skip_pass: tuple[str, ...], dump_after: tuple[str, ...], timings: bool,
+            mesh: str | None, memory_budget: str | None, time_limit: float | None) -> None:
     """Compile MODEL into a plan directory."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -102,7 +109,14 @@ def compile(model: Path, cluster_path: Path | None, out_dir: Path, passes_spec: 
     from alpac.compiler import build_pipeline, compile_model
 
     cluster = load_cluster(cluster_path) if cluster_path else default_cluster()
-    pipeline = build_pipeline(passes_spec, skip_pass)
+    options: dict[str, dict[str, str]] = {"stage-construction": {}, "intra-op-sharding": {}}
+    if mesh:
+        options["stage-construction"]["mesh"] = mesh
+    if memory_budget:
+        options["intra-op-sharding"]["memory_budget"] = memory_budget
+    if time_limit is not None:
+        options["intra-op-sharding"]["time_limit"] = str(time_limit)
+    pipeline = build_pipeline(passes_spec, skip_pass, options)
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                   console=err_console, transient=True) as progress:
         task = progress.add_task("compiling", total=len(pipeline))
@@ -124,6 +138,30 @@ def compile(model: Path, cluster_path: Path | None, out_dir: Path, passes_spec: 
             table.add_row(name, f"{seconds:.3f}")
         table.add_row("[bold]total", f"{sum(ctx.timings.values()):.3f}")
         console.print(table)
+
+
+@main.command()
+@click.argument("plan_dir", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the plan summary as JSON.")
+@click.option("--filter", "pattern", help="Show the shardings of instructions whose name or "
+              "opcode matches this regular expression.")
+@click.option("--limit", default=40, show_default=True, help="Rows of shardings to show.")
+@click.option("--verify", is_flag=True, help="Compile every stage with XLA on virtual CPU "
+              "devices and compare the collectives XLA inserted with the prediction "
+              "(exit 1 if they differ).")
+def explain(plan_dir: Path, as_json: bool, pattern: str | None, limit: int,
+            verify: bool) -> None:
+    """Show what the plan in PLAN_DIR decided and what it should cost."""
+    from alpac import explain as ex
+
+    plan = ex.load(plan_dir)
+    if as_json:
+        click.echo(json.dumps(plan, indent=1, sort_keys=True))
+        return
+    console = Console(highlight=False)
+    ex.render(plan, plan_dir, console, pattern, limit)
+    if verify and not ex.verify(plan, plan_dir, console):
+        raise CheckFailed("XLA's collectives differ from the plan's prediction (see above)")
 
 
 if __name__ == "__main__":

@@ -171,6 +171,11 @@ def default_cluster() -> Cluster:
                    link, link)
 
 
+def parse_size(text: str, option: str) -> int:
+    """A byte count given on the command line (`12GiB`, `3.5e9`); UserError naming `option`."""
+    return int(round(_Reader("command line", {}).quantity(text, (option,), "size")))
+
+
 def _line_col(text: str, e: yaml.YAMLError) -> tuple[int | None, int | None]:
     """Position of a reader error (a bad character), which has an offset instead of a mark."""
     pos = getattr(e, "position", None)

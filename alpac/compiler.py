@@ -18,6 +18,9 @@ def default_recipe() -> list[str]:
         "load",           # the model file -> IR
         "inline-calls",   # one flat entry computation (front ends keep library calls)
         "cost-analysis",  # FLOPs, transcendentals and bytes of every instruction
+        "stage-construction",  # pipeline stages, submeshes, logical meshes
+        "intra-op-sharding",   # the sharding ILP of every stage
+        "emit",                # sharded HLO per stage + plan entries
     ]
 
 

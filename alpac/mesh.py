@@ -27,8 +27,8 @@ class LogicalMesh:
                              f"{len(self.devices)}")
 
     @staticmethod
-    def parse(text: str, devices=None) -> "LogicalMesh":
-        """`2x4`, `8`, `2x2x2` over `devices` (default 0..n-1)."""
+    def parse(text: str, available=None) -> "LogicalMesh":
+        """`2x4`, `8`, `2x2x2` over the first devices of `available` (default 0..n-1)."""
         try:
             shape = tuple(int(x) for x in text.lower().split("x"))
         except ValueError:
@@ -37,7 +37,7 @@ class LogicalMesh:
             raise UserError(f"mesh '{text}' should have 1 to 3 positive axis sizes, "
                             f"like 8, 2x4 or 2x2x2")
         n = math.prod(shape)
-        devs = tuple(range(n)) if devices is None else tuple(devices)
+        devs = tuple(range(n)) if available is None else tuple(available)[:n]
         if len(devs) != n:
             raise UserError(f"mesh {text} needs {n} devices, the cluster has {len(devs)}")
         return LogicalMesh(shape, devs)

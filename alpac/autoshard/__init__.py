@@ -28,19 +28,46 @@ class ShardingResult:
     solution: Solution
     collectives: list  # (instruction name, Collective, multiplier)
     rounds: list[tuple[int, ...]]  # axes solved in each round
+    budget: float | None = None  # bytes per device the plan had to fit
 
     @property
     def iterative(self) -> bool:
         return len(self.rounds) > 1
 
     def collective_summary(self) -> dict[str, dict]:
-        """kind -> {count, bytes} as they appear in the module (loop bodies once)."""
-        out: dict[str, dict] = defaultdict(lambda: {"count": 0, "bytes": 0})
-        for _, c, _ in self.collectives:
+        """kind -> {count, bytes, seconds} as they appear in the module (loop bodies once;
+        seconds count every execution)."""
+        out: dict[str, dict] = defaultdict(lambda: {"count": 0, "bytes": 0, "seconds": 0.0})
+        for _, c, mult in self.collectives:
             out[c.kind]["count"] += 1
             out[c.kind]["bytes"] += c.nbytes
+            out[c.kind]["seconds"] += mult * c.seconds(self.graph.model)
         return dict(sorted(out.items()))
 
+    def communication_seconds(self) -> float:
+        return sum(v["seconds"] for v in self.collective_summary().values())
+
+    def decisions(self) -> list[dict]:
+        """Per instruction, in program order: the sharding chosen, the strategy, and the
+        collectives it causes (its own, and resharding its result for its users)."""
+        sg, choice = self.graph, self.solution.choice
+        mesh_shape = tuple(sg.mesh.shape)
+        caused = defaultdict(list)
+        for name, c, mult in self.collectives:
+            caused[name].append({"kind": c.kind, "axes": list(c.axes), "bytes": c.nbytes,
+                                 "seconds": mult * c.seconds(sg.model)})
+        rows = []
+        for instr, plan in sg.plans.items():  # in the order the program was walked
+            value = sg.values.get((instr, ()))
+            if not plan.strategies or value is None:
+                continue
+            s = value.sharding(choice)
+            rows.append({"instruction": instr.name, "computation": instr.parent.name,
+                         "opcode": instr.opcode, "shape": str(instr.shape.without_layout()),
+                         "sharding": str(s), "xla": s.to_xla(mesh_shape),
+                         "strategy": plan.strategy(choice).name,
+                         "collectives": caused.get(instr.name, [])})
+        return rows
 
 def solve_rounds(mesh: LogicalMesh, cluster) -> list[tuple[int, ...]]:
     """Axes to solve per round: all at once for up to two real axes, else the two most

@@ -170,6 +170,8 @@ class _Builder:
                 node = self.add_node(p, strategies, 1.0)
                 self.values[(p, idx)] = self.new_value(
                     node, [st.outputs[0] for st in strategies], p, idx, shape)
+                if not p.shape.is_tuple:
+                    self.out.plans[p] = InstrPlan(node, strategies, 1.0)
         self.walk(module.entry, 1.0)
         self.outputs(module)
         self.position += 1

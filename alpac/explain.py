@@ -1,0 +1,160 @@
+"""`alpac explain PLAN`: what was decided, why, and what it should cost."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from alpac.errors import UserError
+from alpac.inspect import _si
+from alpac.plan import load_plan
+
+
+def load(plan_dir: str | Path) -> dict:
+    """The plan with run-dependent figures (solve times) merged in: the JSON summary."""
+    plan, stats = load_plan(plan_dir)
+    times = {s["index"]: s["ilp_solve_time_s"] for s in stats.get("stages", [])}
+    for stage in plan.get("stages", []):
+        stage["ilp"]["solve_time_s"] = times.get(stage["index"])
+    plan["compile_seconds"] = stats.get("pass_seconds", {})
+    return plan
+
+
+def decisions(plan_dir: str | Path, stage: dict) -> list[dict]:
+    path = Path(plan_dir) / stage["decisions"]
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserError(f"cannot read the stage's decisions: {e}", path=str(path)) from None
+
+
+def render(plan: dict, plan_dir: Path, console: Console, pattern: str | None,
+           limit: int) -> None:
+    est = plan.get("estimate", {})
+    console.print(f"[bold]{plan['source']['file']}[/] ({plan['source']['module']}) on "
+                  f"[bold]{plan['cluster']['name']}[/]: {len(plan['stages'])} stage(s), "
+                  f"{plan['num_micro_batches']} microbatch(es)")
+    console.print(f"  estimated iteration {_seconds(est.get('iteration_time_s', 0))}, peak "
+                  f"{_si(est.get('peak_memory_bytes', 0))}B per device")
+    for stage in plan["stages"]:
+        render_stage(stage, plan_dir, console, pattern, limit)
+
+
+def render_stage(stage: dict, plan_dir: Path, console: Console, pattern: str | None,
+                 limit: int) -> None:
+    mesh = stage["mesh"]
+    ilp = stage["ilp"]
+    e = stage["estimate"]
+    layers = stage["layers"]
+    console.rule(f"stage {stage['index']}" + (f": layers {layers[0]}–{layers[1]}"
+                                               if layers else ""))
+    console.print(f"mesh {'x'.join(map(str, mesh['logical_shape']))} over devices "
+                  f"{_ranges(mesh['devices'])}")
+    _mesh_map(mesh, console)
+    console.print(f"time {_seconds(e['time_s'])} (compute {_seconds(e['compute_s'])}, "
+                  f"communication {_seconds(e['communication_s'])}), peak memory "
+                  f"{_si(e['peak_memory_bytes'])}B per device")
+    solve = ilp.get("solve_time_s")
+    before, after = ilp["graph_before_reduction"], ilp["graph_after_reduction"]
+    console.print(f"ILP: {ilp['status']}, gap {ilp['gap']:.2%}, "
+                  + (f"solved in {solve:.2f} s, " if solve is not None else "")
+                  + f"{before['nodes']} nodes / {before['strategies']} strategies / "
+                  f"{before['edges']} edges, after reduction {after['nodes']} / "
+                  f"{after['strategies']} / {after['edges']}"
+                  + (" (solved axis by axis)" if len(ilp["rounds"]) > 1 else ""))
+    if stage["collectives"]:
+        table = Table(title="predicted collectives", show_edge=False, title_justify="left")
+        for col in ("kind", "count", "bytes", "seconds"):
+            table.add_column(col, justify="left" if col == "kind" else "right")
+        for kind, c in stage["collectives"].items():
+            table.add_row(kind, str(c["count"]), f"{_si(c['bytes'])}B", _seconds(c["seconds"]))
+        console.print(table)
+    rows = decisions(plan_dir, stage)
+    if pattern:
+        rx = re.compile(pattern)
+        rows = [r for r in rows if rx.search(r["instruction"]) or rx.search(r["opcode"])]
+    else:  # the decisions that matter most: sources of work and of communication
+        rows = [r for r in rows if r["opcode"] in ("dot", "convolution", "parameter", "gather",
+                                                   "scatter", "reduce") or r["collectives"]]
+    table = Table(title=f"shardings ({len(rows)} shown of those matching; axes 0.."
+                        f"{len(mesh['logical_shape']) - 1}, R = replicated)",
+                  show_edge=False, title_justify="left")
+    for col in ("instruction", "opcode", "shape", "sharding", "strategy", "collectives"):
+        table.add_column(col)
+    for r in rows[:limit]:
+        colls = ", ".join(f"{c['kind']} {_si(c['bytes'])}B" for c in r["collectives"])
+        table.add_row(r["instruction"], r["opcode"], r["shape"], r["sharding"], r["strategy"],
+                      colls)
+    if len(rows) > limit:
+        table.add_row(f"… {len(rows) - limit} more (--limit, --filter)", "", "", "", "", "")
+    console.print(table)
+
+
+def _mesh_map(mesh: dict, console: Console) -> None:
+    """The logical mesh as a grid of device ids (the last axis across)."""
+    shape = mesh["logical_shape"]
+    devices = mesh["devices"]
+    if len(shape) == 1:
+        shape = [1, shape[0]]
+    cols = shape[-1]
+    rows = len(devices) // cols
+    width = max(len(str(d)) for d in devices) + 2
+    for r in range(rows):
+        cells = "".join(f"[on grey23]{str(d).center(width)}[/] "
+                        for d in devices[r * cols:(r + 1) * cols])
+        console.print("  " + cells)
+
+
+def _ranges(ids: list[int]) -> str:
+    if ids == list(range(ids[0], ids[0] + len(ids))):
+        return f"{ids[0]}–{ids[-1]}" if len(ids) > 1 else str(ids[0])
+    return ",".join(map(str, ids))
+
+
+def _seconds(s: float) -> str:
+    if s >= 1:
+        return f"{s:.3g} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.3g} ms"
+    return f"{s * 1e6:.3g} µs"
+
+
+def verify(plan: dict, plan_dir: Path, console: Console) -> bool:
+    """Compile every stage module with XLA on virtual CPU devices and compare the collectives
+    XLA inserted with the prediction. True when they agree."""
+    from runtime.xla_bridge import compile_hlo, cpu_devices, ensure_host_device_count
+
+    from alpac.autoshard.verify import compiled_collectives
+
+    need = max(len(s["mesh"]["devices"]) for s in plan["stages"])
+    ensure_host_device_count(need)
+    ok = True
+    for stage in plan["stages"]:
+        text = (plan_dir / stage["module"]).read_text()
+        exe = compile_hlo(text, cpu_devices(len(stage["mesh"]["devices"])))
+        actual = compiled_collectives(exe.compiled_text())
+        predicted = {k: {"count": v["count"], "bytes": v["bytes"]}
+                     for k, v in stage["collectives"].items()}
+        table = Table(title=f"stage {stage['index']}: predicted vs XLA", show_edge=False,
+                      title_justify="left")
+        for col in ("kind", "predicted count", "XLA count", "predicted bytes", "XLA bytes", ""):
+            table.add_column(col, justify="left" if col == "kind" else "right")
+        for kind in sorted(set(actual) | set(predicted)):
+            p = predicted.get(kind, {"count": 0, "bytes": 0})
+            a = actual.get(kind, {"count": 0, "bytes": 0})
+            same = p == a
+            ok &= same
+            table.add_row(kind, str(p["count"]), str(a["count"]), str(p["bytes"]),
+                          str(a["bytes"]), "[green]same" if same else "[red]DIFFERS")
+        console.print(table)
+        memory = exe.memory_stats()
+        xla_peak = (memory["argument_bytes"] + memory["output_bytes"] - memory["alias_bytes"]
+                    + memory["temp_bytes"])
+        est = stage["estimate"]["peak_memory_bytes"]
+        console.print(f"peak memory per device: estimated {_si(est)}B, XLA "
+                      f"{_si(xla_peak)}B (arguments + outputs - aliased + temporaries)")
+    return ok

@@ -1,0 +1,55 @@
+"""Write the plan: one sharded HLO module per stage, its decisions, and plan.json entries."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from alpac.hlo import print_module
+from alpac.passmanager import CompileContext, Pass
+
+
+@dataclass
+class EmitPass(Pass):
+    name = "emit"
+    description = "write the sharded HLO of every stage and the plan's stages and estimates"
+    requires = ("stages", "sharded")
+
+    def run(self, ctx: CompileContext) -> None:
+        stages = ctx.module.analyses["stages"]
+        entries, stats = [], []
+        for stage in stages:
+            result = stage.sharding
+            module_file = f"stage{stage.index}.hlo"
+            decisions_file = f"stage{stage.index}.decisions.json"
+            ctx.artifacts[module_file] = print_module(result.module)
+            ctx.artifacts[decisions_file] = json.dumps(result.decisions(), indent=1,
+                                                       sort_keys=True) + "\n"
+            sol = result.solution
+            comm = result.communication_seconds()
+            entries.append({
+                "index": stage.index,
+                "layers": list(stage.layers) if stage.layers else None,
+                "mesh": {"devices": list(stage.mesh.devices),
+                         "logical_shape": list(stage.mesh.shape),
+                         "physical_shape": list(stage.physical_shape or ())},
+                "module": module_file,
+                "decisions": decisions_file,
+                "ilp": {"objective_s": sol.objective, "gap": sol.gap, "status": sol.status,
+                        "graph_before_reduction": sol.size_before,
+                        "graph_after_reduction": sol.size_after,
+                        "rounds": [list(r) for r in result.rounds],
+                        "memory_budget_bytes": result.budget},
+                "collectives": result.collective_summary(),
+                "estimate": {"time_s": sol.objective, "communication_s": comm,
+                             "compute_s": max(sol.objective - comm, 0.0),
+                             "peak_memory_bytes": sol.peak_memory},
+            })
+            stats.append({"index": stage.index, "ilp_solve_time_s": sol.solve_time})
+        ctx.plan["num_micro_batches"] = ctx.plan.get("num_micro_batches", 1)
+        ctx.plan["stages"] = entries
+        ctx.plan["estimate"] = {
+            "iteration_time_s": sum(e["estimate"]["time_s"] for e in entries),
+            "peak_memory_bytes": max(e["estimate"]["peak_memory_bytes"] for e in entries),
+        }
+        ctx.stats["stages"] = stats

@@ -1,0 +1,49 @@
+"""The sharding ILP for every stage: a sharding for every instruction of the stage's program
+on its logical mesh, within the device memory."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from alpac.autoshard import auto_shard
+from alpac.cluster import parse_size
+from alpac.errors import UserError
+from alpac.ilp import Infeasible
+from alpac.passmanager import CompileContext, Pass
+
+
+@dataclass
+class IntraOpShardingPass(Pass):
+    name = "intra-op-sharding"
+    description = "solve the sharding ILP (SCIP) of every stage on its logical mesh"
+    requires = ("stages",)
+    provides = ("sharded",)
+    memory_budget: str = ""  # bytes per device (e.g. 12GiB); default: the device's memory
+    time_limit: float = 60.0  # seconds per stage
+    gap: float = 1e-4  # relative optimality gap at which SCIP may stop
+
+    def run(self, ctx: CompileContext) -> None:
+        budget = parse_size(self.memory_budget, "--memory-budget") if self.memory_budget \
+            else ctx.cluster.device.memory
+        for stage in ctx.module.analyses["stages"]:
+            stage.sharding = shard_within(stage.module, stage.mesh, ctx.cluster, budget,
+                                          self.time_limit, self.gap)
+        ctx.module.analyses["sharded"] = True
+
+
+def shard_within(module, mesh, cluster, budget: float, time_limit: float, gap: float):
+    """Solve without the memory constraint (its reductions are stronger); only when that plan
+    does not fit, solve again under the budget."""
+    result = auto_shard(module, mesh, cluster, time_limit=time_limit, gap_limit=gap)
+    if result.solution.peak_memory <= budget:
+        result.budget = budget
+        return result
+    try:
+        result = auto_shard(module, mesh, cluster, budget=budget, time_limit=time_limit,
+                            gap_limit=gap)
+    except Infeasible as e:
+        raise UserError(f"the program does not fit in {budget:,.0f} bytes per device on mesh "
+                        f"{mesh}: the smallest per-device peak alpac can reach is "
+                        f"{e.min_peak:,.0f} bytes") from None
+    result.budget = budget
+    return result

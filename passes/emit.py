@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from alpac.hlo import print_module
 from alpac.passmanager import CompileContext, Pass
+from alpac.program import single_stage_program
 
 
 @dataclass
@@ -48,6 +49,11 @@ class EmitPass(Pass):
             stats.append({"index": stage.index, "ilp_solve_time_s": sol.solve_time})
         ctx.plan["num_micro_batches"] = ctx.plan.get("num_micro_batches", 1)
         ctx.plan["stages"] = entries
+        ctx.artifacts["source.hlo"] = print_module(ctx.module)  # what --check runs
+        if len(stages) == 1 and ctx.plan["num_micro_batches"] == 1:
+            program = single_stage_program(ctx.module, stages[0].sharding.module,
+                                           stages[0].mesh, entries[0]["module"])
+            ctx.plan["program"] = program.to_dict()
         ctx.plan["estimate"] = {
             "iteration_time_s": sum(e["estimate"]["time_s"] for e in entries),
             "peak_memory_bytes": max(e["estimate"]["peak_memory_bytes"] for e in entries),

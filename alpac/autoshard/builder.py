@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from alpac.autoshard.resharding import Collective, reshard
-from alpac.autoshard.space import array_shardings, broadcast_operand_sharding
+from alpac.autoshard.space import array_shardings
 from alpac.autoshard.strategies import COLLECTIVE_OPS, FUSIBLE, MATERIALIZED, Strategy, \
-    follow, followed_operand, is_transparent, replicated_strategy, source_strategies
+    follow, followed_operand, is_transparent, replicated_strategy, source_strategies, \
+    transparent_operand_needs
 from alpac.costmodel import CostModel
 from alpac.costs import CostTable
 from alpac.errors import UserError
@@ -267,10 +268,9 @@ class _Builder:
         """Price giving `operand` the sharding `required[i]` for strategy i of `node`."""
         if is_transparent(operand):
             self.out.uses.append(Use(None, user, k, (), node, required, mult))
-            if operand.opcode == "broadcast" and not is_transparent(operand.operands[0]):
-                dims = operand.dims("dimensions")
-                inner = [broadcast_operand_sharding(r, dims) for r in required]
-                self.require(operand.operands[0], inner, node, mult, operand, 0)
+            needs = [transparent_operand_needs(operand, r, self.mesh_shape) for r in required]
+            for j, inner in enumerate(operand.operands):
+                self.require(inner, [n[j] for n in needs], node, mult, operand, j)
             return
         v = self.values[(operand, ())]
         self.out.uses.append(Use(v, user, k, (), node, required, mult))

@@ -10,8 +10,7 @@ per sharding their users need. User shardings already in the module are replaced
 from __future__ import annotations
 
 from alpac.autoshard.builder import ShardingGraph, Value
-from alpac.autoshard.space import broadcast_operand_sharding
-from alpac.autoshard.strategies import is_transparent
+from alpac.autoshard.strategies import is_transparent, transparent_operand_needs
 from alpac.hlo.ir import Computation, ComputationRefs, Instruction
 from alpac.hlo.shape import Shape
 from alpac.hlo.transforms import replace_uses
@@ -62,10 +61,8 @@ class _Emitter:
         clone = self.clones.get(key)
         if clone is not None:
             return clone
-        operands = list(instr.operands)
-        if instr.opcode == "broadcast" and operands:
-            inner = broadcast_operand_sharding(target, instr.dims("dimensions"))
-            operands[0] = self.operand_in(operands[0], inner)
+        needs = transparent_operand_needs(instr, target, self.mesh_shape)
+        operands = [self.operand_in(o, n) for o, n in zip(instr.operands, needs)]
         attrs = {k: v for k, v in instr.attrs.items() if k != "sharding"}
         attrs["sharding"] = self.text(target)
         clone = Instruction(self.module.unique_name(f"{instr.name}.s"), instr.opcode, instr.shape,

@@ -455,5 +455,41 @@ def _whole_dims(instr: Instruction) -> set[int]:
     return set()
 
 
-def is_transparent(instr: Instruction) -> bool:
-    return instr.opcode in TRANSPARENT
+_TRANSPARENT_THROUGH = ELEMENTWISE | {"convert", "copy", "reshape", "bitcast", "transpose"}
+
+
+def is_transparent(instr: Instruction, _cache: dict = {}) -> bool:
+    """Constants, iota and broadcasts, and elementwise ops, reshapes and transposes computed
+    from them alone: cheap values each user gets in the sharding it needs (one copy per
+    sharding, computed where it is used)."""
+    key = id(instr)
+    hit = _cache.get(key)
+    if hit is not None and hit[0] is instr:
+        return hit[1]
+    if instr.opcode in TRANSPARENT:
+        result = True
+    elif instr.opcode in _TRANSPARENT_THROUGH and not instr.shape.is_tuple and instr.operands:
+        result = all(is_transparent(o) for o in instr.operands)
+    else:
+        result = False
+    _cache[key] = (instr, result)
+    return result
+
+
+def transparent_operand_needs(instr: Instruction, out: Sharding,
+                              mesh_shape) -> list[Sharding]:
+    """What each operand of a transparent instruction must be given for its result to come
+    out in `out`."""
+    op = instr.opcode
+    if op == "broadcast":
+        return [Sharding(tuple(out.dim_axes[d] for d in instr.dims("dimensions")))]
+    if op == "transpose":
+        perm = instr.dims("dimensions")
+        inverse = [perm.index(d) for d in range(len(perm))]
+        return [transpose_sharding(out, tuple(inverse))]
+    if op in ("reshape", "bitcast"):
+        src = instr.operands[0].shape.dims
+        back = reshape_sharding(out, instr.shape.dims, src, mesh_shape)
+        return [back if back is not None else Sharding.replicated(len(src))]
+    return [out if o.shape.rank == out.rank else Sharding.replicated(o.shape.rank)
+            for o in instr.operands]

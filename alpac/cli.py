@@ -41,22 +41,34 @@ def main(ctx: click.Context, debug: bool) -> None:
     ctx.obj = {"debug": debug}
 
 
+BATCH_ARGS_HELP = ("Batch inputs as PARAM:DIM pairs (e.g. 5:0,6:0), instead of detecting "
+                   "them.")
+
+
 @main.command()
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
-def inspect(model: Path, as_json: bool) -> None:
-    """Show what MODEL holds: instructions, parameters, outputs, aliases, FLOPs."""
+@click.option("--batch-args", help=BATCH_ARGS_HELP)
+def inspect(model: Path, as_json: bool, batch_args: str | None) -> None:
+    """Show what MODEL holds: instructions, parameters, outputs, aliases, FLOPs, batch inputs
+    and how the step splits into microbatches."""
     from alpac.compiler import build_pipeline
     from alpac.inspect import render, summarize
     from alpac.passmanager import CompileContext, PassManager
+    from alpac.step.report import render_step, step_report
 
     ctx = CompileContext(model, cluster=None)
-    PassManager(build_pipeline("load,inline-calls,cost-analysis")).run(ctx)
+    options = {"batch-analysis": {"batch_args": batch_args}} if batch_args else {}
+    PassManager(build_pipeline("load,inline-calls,cost-analysis,batch-analysis,step-split",
+                               options=options)).run(ctx)
     summary = summarize(ctx.module)
+    summary["step"] = step_report(ctx.module.analyses["step"], detail=as_json)
     if as_json:
         click.echo(json.dumps(summary, indent=1))
     else:
-        render(summary, Console(highlight=False))
+        console = Console(highlight=False)
+        render(summary, console)
+        render_step(summary["step"], console)
 
 
 @main.command(name="passes")
@@ -99,9 +111,11 @@ def list_passes() -> None:
               "default: the device memory in the cluster spec).")
 @click.option("--time-limit", type=float, help="Seconds the ILP solver may take per stage "
               "(default 60).")
+@click.option("--batch-args", help=BATCH_ARGS_HELP)
 def compile(model: Path, cluster_path: Path | None, out_dir: Path, passes_spec: str | None,
             skip_pass: tuple[str, ...], dump_after: tuple[str, ...], timings: bool,
-            mesh: str | None, memory_budget: str | None, time_limit: float | None) -> None:
+            mesh: str | None, memory_budget: str | None, time_limit: float | None,
+            batch_args: str | None) -> None:
     """Compile MODEL into a plan directory."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -109,7 +123,10 @@ def compile(model: Path, cluster_path: Path | None, out_dir: Path, passes_spec: 
     from alpac.compiler import build_pipeline, compile_model
 
     cluster = load_cluster(cluster_path) if cluster_path else default_cluster()
-    options: dict[str, dict[str, str]] = {"stage-construction": {}, "intra-op-sharding": {}}
+    options: dict[str, dict[str, str]] = {"stage-construction": {}, "intra-op-sharding": {},
+                                          "batch-analysis": {}}
+    if batch_args:
+        options["batch-analysis"]["batch_args"] = batch_args
     if mesh:
         options["stage-construction"]["mesh"] = mesh
     if memory_budget:

@@ -18,6 +18,8 @@ def default_recipe() -> list[str]:
         "load",           # the model file -> IR
         "inline-calls",   # one flat entry computation (front ends keep library calls)
         "cost-analysis",  # FLOPs, transcendentals and bytes of every instruction
+        "batch-analysis",  # which inputs carry the batch, on which dimension
+        "step-split",     # per-microbatch part, accumulated values, once-per-step update
         "stage-construction",  # pipeline stages, submeshes, logical meshes
         "intra-op-sharding",   # the sharding ILP of every stage
         "emit",                # sharded HLO per stage + plan entries

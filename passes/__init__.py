@@ -7,9 +7,9 @@ BUILTIN_PASSES = {
     "load": "passes.load:LoadPass",
     "inline-calls": "passes.inline_calls:InlineCallsPass",
     "cost-analysis": "passes.cost_analysis:CostAnalysisPass",
+    "batch-analysis": "passes.batch_analysis:BatchAnalysisPass",
+    "step-split": "passes.step_split:StepSplitPass",
     "stage-construction": "passes.stage_construction:StageConstructionPass",
     "intra-op-sharding": "passes.intra_op:IntraOpShardingPass",
     "emit": "passes.emit:EmitPass",
-    "batch-analysis": "passes.batch_analysis:BatchAnalysisPass",
-    "step-split": "passes.step_split:StepSplitPass",
 }

@@ -17,6 +17,7 @@ def default_recipe() -> list[str]:
     return [
         "load",           # the model file -> IR
         "inline-calls",   # one flat entry computation (front ends keep library calls)
+        "flatten-params",  # one parameter per array
         "cost-analysis",  # FLOPs, transcendentals and bytes of every instruction
         "batch-analysis",  # which inputs carry the batch, on which dimension
         "step-split",     # per-microbatch part, accumulated values, once-per-step update

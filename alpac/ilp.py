@@ -47,6 +47,7 @@ class StrategyGraph:
     memory_points: list[MemoryPoint] = field(default_factory=list)
     ties: list[tuple[int, int, np.ndarray]] = field(default_factory=list)  # bool [S_u, S_v]
     budget: float | None = None  # bytes per device
+    constant: float = 0.0  # seconds that no choice changes
 
     def add_node(self, costs) -> int:
         self.node_costs.append(np.asarray(costs, dtype=float))
@@ -63,7 +64,7 @@ class StrategyGraph:
         self.edges[(u, v)] = matrix if old is None else old + matrix
 
     def objective(self, choice) -> float:
-        total = sum(float(c[choice[v]]) for v, c in enumerate(self.node_costs))
+        total = self.constant + sum(float(c[choice[v]]) for v, c in enumerate(self.node_costs))
         return total + sum(float(m[choice[u], choice[v]]) for (u, v), m in self.edges.items())
 
     def peak_memory(self, choice) -> float:
@@ -172,11 +173,10 @@ class _Reducer:
     def drop_dominated(self) -> bool:
         changed = False
         incident = self.incident()
-        memory_of: dict[int, list[np.ndarray]] = {}
-        if self.use_memory:
-            for p in self.points:
-                for v, m in p.terms:
-                    memory_of.setdefault(v, []).append(m)
+        memory_of: dict[int, list[np.ndarray]] = {}  # also without a budget: of two equally
+        for p in self.points:                         # fast strategies the smaller one stays
+            for v, m in p.terms:
+                memory_of.setdefault(v, []).append(m)
         for v in sorted(self.alive):
             if v in self.tied or len(self.costs[v]) <= 1:
                 continue

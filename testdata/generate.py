@@ -751,14 +751,19 @@ def gpt_suite_hlo(name: str, batch_size: int = 1024, num_layers: int | None = No
     tokens/labels s32[batch_size, 1024]. Lowered from jax.ShapeDtypeStruct: nothing is
     allocated, 39B lowers in seconds.
     """
-    cfg = gpt_suite_config(name, num_layers, dtype)
+    return gpt_train_hlo(gpt_suite_config(name, num_layers, dtype), batch_size,
+                         f"gpt_{name.replace('.', '_')}_train")
+
+
+def gpt_train_hlo(cfg: GPTConfig, batch_size: int, name: str = "gpt_train") -> str:
+    """HLO text of a GPT training step of any configuration, lowered from abstract shapes."""
     spec = gpt_params(cfg)
     params = abstract(spec)
     opt_state = {"count": jax.ShapeDtypeStruct((), jnp.int32), "mu": abstract(spec),
                  "nu": abstract(spec)}
     tokens = jax.ShapeDtypeStruct((batch_size, cfg.seq), jnp.int32)
     batch = {"labels": tokens, "tokens": tokens}
-    step = make_train_step(partial(gpt_loss, cfg), f"gpt_{name.replace('.', '_')}_train")
+    step = make_train_step(partial(gpt_loss, cfg), name)
     with _canonical():
         return hlo_text(jit_train(step).lower(params, {}, opt_state, batch))
 

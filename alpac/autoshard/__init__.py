@@ -82,8 +82,10 @@ def solve_rounds(mesh: LogicalMesh, cluster) -> list[tuple[int, ...]]:
 
 
 def auto_shard(module: Module, mesh: LogicalMesh, cluster, *, budget: float | None = None,
-               time_limit: float = 60.0, gap_limit: float = 1e-4) -> ShardingResult:
-    """Shard a copy of `module` over `mesh`; the input module is left as it is."""
+               time_limit: float = 60.0, gap_limit: float = 1e-4,
+               allow=None) -> ShardingResult:
+    """Shard a copy of `module` over `mesh`; the input module is left as it is. `allow`
+    restricts source strategies (see build_graph); it sees the copy's instructions."""
     work = module.clone()
     costs = CostTable(work)
     rounds = solve_rounds(mesh, cluster)
@@ -94,7 +96,7 @@ def auto_shard(module: Module, mesh: LogicalMesh, cluster, *, budget: float | No
         for a in axes:
             partial *= mesh.shape[a]
         round_budget = None if budget is None else budget * mesh.num_devices / partial
-        sg = build_graph(work, mesh, cluster, costs, round_budget, axes, hint)
+        sg = build_graph(work, mesh, cluster, costs, round_budget, axes, hint, allow)
         solution = solve(sg.graph, time_limit=time_limit / len(rounds),
                          gap_limit=gap_limit)
         if not last:

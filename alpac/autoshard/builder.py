@@ -89,12 +89,14 @@ class ShardingGraph:
 
 class _Builder:
     def __init__(self, module: Module, mesh: LogicalMesh, cluster, costs: CostTable,
-                 budget: float | None, axes: tuple[int, ...] | None, hint: "Hint | None"):
+                 budget: float | None, axes: tuple[int, ...] | None, hint: "Hint | None",
+                 allow=None):
         self.model = CostModel(cluster, mesh)
         # axes not being solved count as size 1: nothing is split over them (yet)
         self.mesh_shape = tuple(n if axes is None or a in axes else 1
                                 for a, n in enumerate(mesh.shape))
         self.hint = hint
+        self.allow = allow
         self.costs = costs
         self.out = ShardingGraph(module, mesh, self.model, StrategyGraph(budget=budget))
         self.graph = self.out.graph
@@ -154,9 +156,13 @@ class _Builder:
         module = self.out.module
         for instr in module.instructions():
             if instr.opcode in COLLECTIVE_OPS:
-                raise UserError(f"instruction '{instr.name}' is a {instr.opcode}: the module is "
+                raise UserError(f"instruction '{instr.name}' is an {instr.opcode} collective: the module is "
                                 f"already partitioned; alpac needs the module before SPMD "
                                 f"partitioning")
+            if instr.opcode == "rng-bit-generator" and instr.operands[0].shape.is_tuple:
+                raise UserError(f"instruction '{instr.name}' is an rng-bit-generator whose state "
+                                f"is a tuple; XLA (StableHLO) needs an array state, so the "
+                                f"module cannot be compiled")
             target = instr.custom_call_target if instr.opcode == "custom-call" else None
             if target in ("SPMDFullToShardShape", "SPMDShardToFullShape"):
                 raise UserError(f"instruction '{instr.name}' is a custom-call {target} "
@@ -180,7 +186,10 @@ class _Builder:
         return self.out
 
     def hinted(self, instr: Instruction, strategies: list[Strategy], idx=()) -> list[Strategy]:
-        """Only the strategies that agree with an earlier round's choice on its axes."""
+        """Only the strategies that agree with an earlier round's choice on its axes, and that
+        the caller's `allow(instr, idx, strategy)` accepts (when one is given)."""
+        if self.allow is not None:
+            strategies = [st for st in strategies if self.allow(instr, idx, st)] or strategies
         if self.hint is None:
             return strategies
         wanted = self.hint.get(instr, idx)
@@ -192,6 +201,7 @@ class _Builder:
     def add_node(self, instr: Instruction, strategies: list[Strategy], mult: float) -> int | None:
         if len(strategies) == 1:
             self.out.plans.setdefault(instr, InstrPlan(None, strategies, mult))
+            self.graph.constant += mult * self.strategy_seconds(instr, strategies[0])
             return None
         node = self.graph.add_node([mult * self.strategy_seconds(instr, st)
                                     for st in strategies])
@@ -230,9 +240,11 @@ class _Builder:
             v = self.values[(instr.operands[base], ())]
             strategies = [follow(instr, base, s, self.mesh_shape) for s in v.shardings]
             node = v.node
+            seconds = np.array([mult * self.strategy_seconds(instr, st) for st in strategies])
             if node is not None:
-                self.graph.node_costs[node] = self.graph.node_costs[node] + np.array(
-                    [mult * self.strategy_seconds(instr, st) for st in strategies])
+                self.graph.node_costs[node] = self.graph.node_costs[node] + seconds
+            else:
+                self.graph.constant += float(seconds[0])
             plan = InstrPlan(node, strategies, mult)
         else:
             strategies = self.hinted(instr, source_strategies(instr, self.mesh_shape)
@@ -280,6 +292,9 @@ class _Builder:
         """Edge (or node cost) for resharding value `v` into `required[i]`."""
         self.touch(v)
         if v.node is None and node is None:
+            if v.shardings[0] != required[0]:
+                self.graph.constant += mult * self.reshard_seconds(v.shape, v.shardings[0],
+                                                                   required[0])
             return
         src_ids, srcs = _index(v.shardings)
         dst_ids, dsts = _index(required)
@@ -441,10 +456,12 @@ class Hint:
 
 def build_graph(module: Module, mesh: LogicalMesh, cluster, costs: CostTable,
                 budget: float | None = None, axes: tuple[int, ...] | None = None,
-                hint: Hint | None = None) -> ShardingGraph:
+                hint: Hint | None = None, allow=None) -> ShardingGraph:
     """The sharding problem of `module` on `mesh`, splitting only over `axes` (default all),
-    keeping to `hint` on the axes an earlier round solved."""
-    return _Builder(module, mesh, cluster, costs, budget, axes, hint).build()
+    keeping to `hint` on the axes an earlier round solved, and to the source strategies that
+    `allow(instr, leaf index, strategy)` accepts (used to price fixed strategies such as pure
+    data parallelism with the same model)."""
+    return _Builder(module, mesh, cluster, costs, budget, axes, hint, allow).build()
 
 
 def collectives_of(sg: ShardingGraph, choice: list[int]) -> list[tuple[str, Collective, float]]:

@@ -194,11 +194,18 @@ class _Emitter:
         return comp
 
     def while_shardings(self, loop: Instruction, root_overrides) -> None:
+        body = loop.called("body")
+        if _has_passthrough_state(body):
+            # XLA's StableHLO path drops loop-invariant state but keeps the loop's tuple
+            # sharding, which then no longer fits: leave the loop to XLA's propagation
+            for instr in (loop, body.parameters[0], body.root,
+                          loop.called("condition").parameters[0]):
+                instr.attrs.pop("sharding", None)
+            return
         state = self.leaf_texts(loop.operands[0])
         loop.attrs["sharding"] = state
         for comp in (loop.called("body"), loop.called("condition")):
             comp.parameters[0].attrs["sharding"] = state
-        body = loop.called("body")
         self.fix_root(body, root_overrides.get(id(body.root), {}), state)
 
     def fix_root(self, comp: Computation, needed: dict, sharding_text: str | None) -> None:
@@ -217,6 +224,16 @@ class _Emitter:
         if sharding_text is None:
             sharding_text = self.leaf_texts(root, needed)
         root.attrs["sharding"] = sharding_text
+
+
+def _has_passthrough_state(body: Computation) -> bool:
+    root = body.root
+    param = body.parameters[0]
+    if root is param:
+        return True
+    return root.opcode == "tuple" and any(
+        o.opcode == "get-tuple-element" and o.operands[0] is param and o.tuple_index == k
+        for k, o in enumerate(root.operands))
 
 
 def write_shardings(sg: ShardingGraph, choice: list[int]) -> None:

@@ -13,7 +13,8 @@ from alpac.sharding import Sharding
 @lru_cache(maxsize=None)
 def array_shardings(dims: tuple[int, ...], mesh_shape: tuple[int, ...]) -> tuple[Sharding, ...]:
     """Every way to give each mesh axis (of size > 1) to one dimension or to none, keeping
-    only splits that divide evenly. Within a dimension, axes go in mesh order."""
+    only splits that divide evenly. Within a dimension, axes go in mesh order. The most split
+    come first: where strategies tie on time, the first (the smallest in memory) is kept."""
     axes = [a for a, n in enumerate(mesh_shape) if n > 1]
     out = []
     for assign in itertools.product(range(len(dims) + 1), repeat=len(axes)):
@@ -22,7 +23,7 @@ def array_shardings(dims: tuple[int, ...], mesh_shape: tuple[int, ...]) -> tuple
         s = Sharding(dim_axes)
         if s.divides(dims, mesh_shape):
             out.append(s)
-    out.sort(key=lambda s: (s.num_tiles(mesh_shape), s.dim_axes))
+    out.sort(key=lambda s: (-s.num_tiles(mesh_shape), s.dim_axes))
     return tuple(out)
 
 

@@ -65,3 +65,74 @@ def drop_unreachable(module: Module) -> None:
             stack.extend(instr.called_computations)
     module.computations = [c for c in module.computations if id(c) in reachable]
 
+
+
+def flatten_entry_tuple_params(module: Module) -> int:
+    """Give every array inside a tuple-shaped entry parameter a parameter of its own (XLA's
+    StableHLO path flattens them anyway, and loses aliases that name tuple indices). Aliases
+    and buffer donors are renumbered; returns how many parameters were flattened."""
+    entry = module.entry
+    params = entry.parameters
+    if not any(p.shape.is_tuple for p in params):
+        return 0
+    new_number: dict[tuple[int, tuple], int] = {}
+    replacements: dict[int, Instruction] = {}
+    flat: list[Instruction] = []
+    for p in params:
+        if not p.shape.is_tuple:
+            new_number[(p.parameter_number, ())] = len(flat)
+            flat.append(p)
+            continue
+        leaves = {}
+        for idx, shape in p.shape.leaves():
+            leaf = Instruction(module.unique_name(f"{p.name}.{'.'.join(map(str, idx))}"),
+                               "parameter", shape, (), {}, "0")
+            leaf.parent = entry
+            new_number[(p.parameter_number, idx)] = len(flat)
+            flat.append(leaf)
+            leaves[idx] = leaf
+        replacements[id(p)] = _rebuild_tuple(module, entry, p.shape, leaves, ())
+    for k, p in enumerate(flat):
+        p.payload = str(k)
+    body = [i for i in entry.instructions if i.opcode != "parameter"]
+    rebuilt = [r for r in _collect(replacements.values()) if r.opcode != "parameter"]
+    entry.instructions = flat + rebuilt + body
+    for instr in body:
+        instr.operands = [replacements.get(id(o), o) for o in instr.operands]
+    if id(entry.root) in replacements:
+        entry.root = replacements[id(entry.root)]
+    for alias in module.input_output_alias:
+        alias.parameter_number = new_number[(alias.parameter_number, alias.parameter_index)]
+        alias.parameter_index = ()
+    module.buffer_donors = [(new_number[d], ()) for d in module.buffer_donors]
+    module.entry_layout = None
+    entry.topological_sort()
+    entry.remove_dead()
+    return sum(1 for p in params if p.shape.is_tuple)
+
+
+def _rebuild_tuple(module, comp, shape, leaves, idx) -> Instruction:
+    if not shape.is_tuple:
+        return leaves[idx]
+    parts = [_rebuild_tuple(module, comp, s, leaves, idx + (k,))
+             for k, s in enumerate(shape.tuple_shapes)]
+    tup = Instruction(module.unique_name("flat.tuple"), "tuple", shape, parts)
+    tup.parent = comp
+    return tup
+
+
+def _collect(roots) -> list[Instruction]:
+    """Instructions reachable from `roots`, operands first."""
+    out, seen = [], set()
+
+    def visit(i):
+        if id(i) in seen:
+            return
+        seen.add(id(i))
+        for o in i.operands:
+            visit(o)
+        out.append(i)
+
+    for r in roots:
+        visit(r)
+    return out

@@ -1,0 +1,300 @@
+"""The sharding ILP end to end: numerics against one device, collectives XLA really inserted,
+plan quality against known-good partitions and fixed strategies, optimality against brute
+force, breadth over XLA's own test modules, and the memory budget."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from functools import cache
+
+import numpy as np
+import pytest
+
+from alpac.autoshard import auto_shard
+from alpac.autoshard.builder import build_graph
+from alpac.autoshard.verify import compiled_collectives
+from alpac.cluster import default_cluster, load_cluster
+from alpac.costs import CostTable
+from alpac.errors import UserError
+from alpac.hlo import parse_hlo, print_module
+from alpac.hlo.transforms import flatten_entry_tuple_params, inline_calls
+from alpac.ilp import brute_force, solve
+from alpac.mesh import LogicalMesh
+from alpac.step.batch import detect_batch
+from alpac.step.split import StepSplit
+from conftest import ROOT, SHARED, TESTDATA
+from runtime.xla_bridge import compile_hlo, cpu_devices, run_hlo_single_device
+
+MODELS = [f"{m}_{k}" for m in ("mlp", "gpt", "bert", "moe", "wresnet") for k in ("train", "fwd")]
+MESHES = ["8", "8x1", "1x8", "2x4", "4x2", "2x2x2"]
+P3 = TESTDATA / "clusters" / "aws-p3.16xlarge-x8.yaml"
+
+
+def prepared(text: str):
+    module = parse_hlo(text)
+    inline_calls(module)
+    flatten_entry_tuple_params(module)
+    return module
+
+
+@cache
+def model(name: str):
+    module = prepared((TESTDATA / "models" / f"{name}.hlo").read_text())
+    data = np.load(TESTDATA / "models" / f"{name}.npz")
+    args = [data[f"arg{i}"] for i in range(len(module.entry.parameters))]
+    reference = run_hlo_single_device(print_module(module), args)
+    return module, args, reference
+
+
+@cache
+def sharded(name: str, mesh_text: str):
+    module, args, _ = model(name)
+    mesh = LogicalMesh.parse(mesh_text)
+    result = auto_shard(module, mesh, default_cluster(), time_limit=30)
+    exe = compile_hlo(print_module(result.module), cpu_devices(mesh.num_devices))
+    return result, exe, exe.run(args)
+
+
+def rel_error(outputs, reference) -> float:
+    return max(float(np.max(np.abs(o.astype(np.float64) - r))) / max(float(np.max(np.abs(r))),
+                                                                     1e-30)
+               for o, r in zip(outputs, reference) if r.size)
+
+
+@pytest.mark.parametrize("mesh", MESHES)
+@pytest.mark.parametrize("name", MODELS)
+def test_numerics_equal_single_device(name, mesh):
+    _, _, reference = model(name)
+    _, _, outputs = sharded(name, mesh)
+    assert len(outputs) == len(reference)
+    assert rel_error(outputs, reference) < 1e-5
+
+
+@pytest.mark.parametrize("mesh", ["8", "2x4"])
+@pytest.mark.parametrize("name", ["mlp_train", "gpt_train", "moe_train"])
+def test_predicted_collectives_are_what_xla_inserts(name, mesh):
+    result, exe, _ = sharded(name, mesh)
+    predicted = {k: {"count": v["count"], "bytes": v["bytes"]}
+                 for k, v in result.collective_summary().items()}
+    assert predicted == compiled_collectives(exe.compiled_text())
+    assert predicted, "a training step on 8 devices communicates"
+
+
+# ---- plan quality ---------------------------------------------------------------------------
+
+def test_gpt_layer_gets_megatron_partition():
+    from testdata.generate import GPTConfig, gpt_train_hlo
+
+    module = prepared(gpt_train_hlo(GPTConfig(vocab=256, seq=512, hidden=2048, heads=16,
+                                              layers=1), batch_size=1))
+    result = auto_shard(module, LogicalMesh.parse("8"), load_cluster(P3))
+    shard = {r["instruction"]: r["sharding"] for r in result.decisions()}
+
+    def weight(part):
+        return shard[next(n for n in shard if n.startswith("params__layers___0___")
+                          and n.endswith(f"{part}____w__.1"))]
+
+    assert weight("mlp____fc") == "R,S0"      # first MLP matmul: column split
+    assert weight("mlp____proj") == "S0,R"    # second: row split
+    for head in ("q", "k", "v"):              # attention split by heads
+        assert weight(f"attn____{head}") == "R,S0"
+    assert weight("attn____o") == "S0,R"
+    # the forward pass reduces partial sums twice per layer (after the attention output and
+    # the second MLP matmul): an all-reduce, or the reduce-scatter of Megatron's sequence
+    # parallelism, which moves the same bytes and lets the layer norms run on a sequence shard
+    split = StepSplit(module, detect_batch(module))
+    forward = {i.name for i in split.forward}
+    reductions = [c for r in result.decisions() if r["instruction"] in forward
+                  and r["opcode"] == "dot" for c in r["collectives"]
+                  if c["kind"] in ("all-reduce", "reduce-scatter")]
+    assert len(reductions) == 2
+
+
+def test_large_batch_small_weights_is_data_parallel():
+    """Every example-sized tensor is split on the batch and only weight-sized tensors are
+    communicated (gradient reduction; the ILP may also shard the weight update ZeRO-style,
+    reduce-scatter + all-gather, which moves the same bytes as the all-reduce)."""
+    import jax
+    import jax.numpy as jnp
+
+    def step(w1, w2, x, y):
+        def loss(w1, w2):
+            return jnp.mean((jnp.tanh(x @ w1) @ w2 - y) ** 2)
+        g1, g2 = jax.grad(loss, argnums=(0, 1))(w1, w2)
+        return w1 - 0.1 * g1, w2 - 0.1 * g2
+
+    shapes = ((256, 256), (256, 16), (65536, 256), (65536, 16))
+    spec = [jax.ShapeDtypeStruct(s, jnp.float32) for s in shapes]
+    text = jax.jit(step, donate_argnums=(0, 1)).lower(*spec).as_text(dialect="hlo")
+    result = auto_shard(prepared(text), LogicalMesh.parse("8"), load_cluster(P3))
+    rows = result.decisions()
+    for r in rows:
+        if r["shape"].startswith("f32[65536"):
+            assert r["sharding"].startswith("S0"), r
+    weight_sizes = {256 * 256 * 4, 256 * 16 * 4}
+    collectives = [(c, r) for r in rows for c in r["collectives"]]
+    assert collectives
+    for c, r in collectives:
+        n = 8 if c["kind"] in ("reduce-scatter",) else 1
+        assert not r["shape"].startswith("f32[65536"), r  # no activation collectives
+        assert c["bytes"] * n in weight_sizes or c["bytes"] in weight_sizes, (c, r)
+
+
+def test_moe_layer_splits_experts():
+    result, _, _ = sharded("moe_train", "8")
+    experts = [r for r in result.decisions() if r["opcode"] == "parameter"
+               and re.search(r"params__.*moe____w[io]", r["instruction"])]
+    assert experts and all(r["sharding"].startswith("S0") for r in experts)
+
+
+def _baseline_objective(module, mesh, cluster, rule) -> float:
+    """The best plan that keeps to `rule`, priced by the same model (an ILP restricted to
+    the strategies the rule allows)."""
+    graph = build_graph(module, mesh, cluster, CostTable(module), allow=rule).graph
+    return solve(graph).objective
+
+
+@pytest.mark.parametrize("name,mesh", [("mlp_train", "8"), ("gpt_train", "8"),
+                                       ("gpt_train", "2x4"), ("moe_train", "8")])
+def test_never_worse_than_fixed_strategies(name, mesh):
+    module, _, _ = model(name)
+    logical = LogicalMesh.parse(mesh)
+    cluster = default_cluster()
+    result = auto_shard(module, logical, cluster)
+    batch = {a.param: a.dim for a in detect_batch(module).args}
+    everything = tuple(a for a, n in enumerate(logical.shape) if n > 1)
+
+    def replicated(instr, idx, st):
+        return all(s.is_replicated for s in st.outputs) and all(
+            s is None or s.is_replicated for s in st.inputs)
+
+    def data_parallel(instr, idx, st):
+        if instr.opcode != "parameter":
+            return True
+        dim = batch.get(instr.parameter_number)
+        want = tuple(everything if d == dim else () for d in range(instr.shape.rank))
+        return st.outputs[0].dim_axes == want
+
+    def megatron(instr, idx, st):
+        if instr.opcode != "parameter":
+            return True
+        s = st.outputs[0]
+        if instr.parameter_number in batch or instr.shape.rank < 2:
+            return s.is_replicated
+        return sorted(s.used_axes) == list(everything) and sum(1 for a in s.dim_axes if a) == 1
+
+    ilp = result.solution.objective
+    for rule in (replicated, data_parallel, megatron):
+        base = _baseline_objective(module, logical, cluster, rule)
+        assert ilp <= base * (1 + 1e-6), rule.__name__
+
+
+def test_ilp_equals_brute_force_on_a_small_module():
+    text = """HloModule small
+ENTRY %e (x: f32[16,32], w: f32[32,64], v: f32[64,8]) -> f32[16,8] {
+  %x = f32[16,32] parameter(0)
+  %w = f32[32,64] parameter(1)
+  %v = f32[64,8] parameter(2)
+  %h = f32[16,64] dot(%x, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %t = f32[16,64] tanh(%h)
+  ROOT %o = f32[16,8] dot(%t, %v), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+"""
+    module = prepared(text)
+    for mesh in ("4", "2x2"):
+        graph = build_graph(module, LogicalMesh.parse(mesh), load_cluster(P3),
+                            CostTable(module)).graph
+        assert len(graph.node_costs) <= 12
+        _, best = brute_force(graph)
+        assert solve(graph, gap_limit=0.0).objective == pytest.approx(best, rel=1e-9)
+
+
+# ---- breadth ---------------------------------------------------------------------------------
+
+def test_every_xla_case_compiles_or_is_refused_by_name():
+    paths = sorted(str(p) for p in (SHARED / "xla-cases").rglob("*.hlo"))
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "breadth_worker.py"), *paths,
+                           "--meshes", "4", "2x2", "2x2x2"], capture_output=True, text=True,
+                          timeout=900)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.split(" ")[0] in
+             ("START", "OK", "REFUSED", "XLA-REJECTED")]
+    started = [ln for ln in lines if ln.startswith("START")]
+    assert proc.returncode == 0, f"crashed after: {started[-1] if started else '-'}\n" \
+                                 f"{proc.stderr[-2000:]}"
+    outcomes = [ln for ln in lines if not ln.startswith("START")]
+    assert len(outcomes) == len(paths) * 3
+    assert not [ln for ln in outcomes if ln.startswith("XLA-REJECTED")]
+    for line in outcomes:
+        if line.startswith("REFUSED"):
+            assert re.search(r"instruction '[^']+'", line), line
+    assert sum(ln.startswith("OK") for ln in outcomes) >= 0.9 * len(outcomes)
+
+
+# ---- memory --------------------------------------------------------------------------------
+
+def test_budget_too_small_for_replicated_weights_is_met_and_confirmed_by_xla():
+    module, args, reference = model("mlp_train")
+    mesh = LogicalMesh.parse("4")
+    state = sum(p.shape.byte_size for p in module.entry.parameters)
+    budget = 0.6 * state  # the parameters and optimizer state alone exceed it replicated
+    result = auto_shard(module, mesh, default_cluster(), budget=budget)
+    estimate = result.solution.peak_memory
+    assert estimate <= budget
+    sharded_state = [r for r in result.decisions() if r["opcode"] == "parameter"
+                     and r["sharding"] not in ("R", "R,R", "scalar")]
+    assert sharded_state
+    exe = compile_hlo(print_module(result.module), cpu_devices(4))
+    m = exe.memory_stats()
+    xla_peak = m["argument_bytes"] + m["output_bytes"] - m["alias_bytes"] + m["temp_bytes"]
+    assert abs(xla_peak - estimate) <= 0.15 * estimate
+    assert rel_error(exe.run(args), reference) < 1e-5
+
+
+def test_impossible_budget_names_the_smallest_reachable():
+    module, _, _ = model("mlp_train")
+    with pytest.raises(Exception) as info:
+        auto_shard(module, LogicalMesh.parse("4"), default_cluster(), budget=1000)
+    assert "smallest per-device peak" in str(info.value)
+
+
+def test_cli_compile_explain_verify_json(tmp_path):
+    plan = tmp_path / "plan"
+    alpac = [sys.executable, "-m", "alpac.cli"]
+    done = subprocess.run([*alpac, "compile", str(TESTDATA / "models" / "mlp_train.hlo"),
+                           "--mesh", "2x2", "-o", str(plan)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    verify = subprocess.run([*alpac, "explain", str(plan), "--verify"], capture_output=True,
+                            text=True)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert "DIFFERS" not in verify.stdout and "same" in verify.stdout
+    summary = json.loads(subprocess.run([*alpac, "explain", str(plan), "--json"],
+                                        capture_output=True, text=True).stdout)
+    assert summary["num_micro_batches"] == 1
+    assert summary["estimate"]["iteration_time_s"] > 0
+    assert summary["estimate"]["peak_memory_bytes"] > 0
+    stage = summary["stages"][0]
+    assert stage["mesh"]["devices"] == [0, 1, 2, 3] and stage["mesh"]["logical_shape"] == [2, 2]
+    assert {"objective_s", "gap", "status", "solve_time_s"} <= set(stage["ilp"])
+    assert all({"count", "bytes"} <= set(v) for v in stage["collectives"].values())
+    assert "layers" in stage
+    tight = subprocess.run([*alpac, "compile", str(TESTDATA / "models" / "mlp_train.hlo"),
+                            "--mesh", "4", "--memory-budget", "1KiB", "-o",
+                            str(tmp_path / "p2")], capture_output=True, text=True)
+    assert tight.returncode == 2
+    assert "smallest per-device peak" in tight.stderr and "Traceback" not in tight.stderr
+
+
+def test_plans_are_deterministic(tmp_path):
+    module, _, _ = model("gpt_train")
+    a = auto_shard(module, LogicalMesh.parse("2x4"), default_cluster())
+    b = auto_shard(module, LogicalMesh.parse("2x4"), default_cluster())
+    assert print_module(a.module) == print_module(b.module)
+
+
+def test_already_partitioned_module_is_refused():
+    module = prepared((SHARED / "hlo-corpus" / "hlo_llama31_405b_bf16_16x8.hlo").read_text())
+    with pytest.raises(UserError, match="already partitioned"):
+        auto_shard(module, LogicalMesh.parse("8"), default_cluster())

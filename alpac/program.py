@@ -98,6 +98,7 @@ class Program:
     aliases: list[tuple[list[int], int]] = field(default_factory=list)  # (output, parameter)
     num_micro_batches: int = 1
     schedule: str = "1f1b"
+    microbatch_index: str | None = None  # a value the runtime sets to m (s32[]) per microbatch
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -116,7 +117,8 @@ class Program:
             transfers=[Transfer(**t) for t in d.get("transfers", [])],
             aliases=[(list(o), int(p)) for o, p in d.get("aliases", [])],
             num_micro_batches=d.get("num_micro_batches", 1),
-            schedule=d.get("schedule", "1f1b"))
+            schedule=d.get("schedule", "1f1b"),
+            microbatch_index=d.get("microbatch_index"))
 
     def transfer_bytes(self) -> int:
         """Bytes that cross between meshes in one step (per-microbatch transfers counted once

@@ -83,7 +83,7 @@ def solve_rounds(mesh: LogicalMesh, cluster) -> list[tuple[int, ...]]:
 
 def auto_shard(module: Module, mesh: LogicalMesh, cluster, *, budget: float | None = None,
                time_limit: float = 60.0, gap_limit: float = 1e-4,
-               allow=None) -> ShardingResult:
+               allow=None, repeats: dict[str, float] | None = None) -> ShardingResult:
     """Shard a copy of `module` over `mesh`; the input module is left as it is. `allow`
     restricts source strategies (see build_graph); it sees the copy's instructions."""
     work = module.clone()
@@ -96,7 +96,7 @@ def auto_shard(module: Module, mesh: LogicalMesh, cluster, *, budget: float | No
         for a in axes:
             partial *= mesh.shape[a]
         round_budget = None if budget is None else budget * mesh.num_devices / partial
-        sg = build_graph(work, mesh, cluster, costs, round_budget, axes, hint, allow)
+        sg = build_graph(work, mesh, cluster, costs, round_budget, axes, hint, allow, repeats)
         solution = solve(sg.graph, time_limit=time_limit / len(rounds),
                          gap_limit=gap_limit)
         if not last:

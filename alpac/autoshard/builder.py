@@ -90,13 +90,14 @@ class ShardingGraph:
 class _Builder:
     def __init__(self, module: Module, mesh: LogicalMesh, cluster, costs: CostTable,
                  budget: float | None, axes: tuple[int, ...] | None, hint: "Hint | None",
-                 allow=None):
+                 allow=None, repeats: dict[str, float] | None = None):
         self.model = CostModel(cluster, mesh)
         # axes not being solved count as size 1: nothing is split over them (yet)
         self.mesh_shape = tuple(n if axes is None or a in axes else 1
                                 for a, n in enumerate(mesh.shape))
         self.hint = hint
         self.allow = allow
+        self.repeats = repeats or {}  # entry instruction name -> executions per step
         self.costs = costs
         self.out = ShardingGraph(module, mesh, self.model, StrategyGraph(budget=budget))
         self.graph = self.out.graph
@@ -213,7 +214,8 @@ class _Builder:
             if instr.opcode == "parameter":
                 continue  # bound by the caller
             self.position += 1
-            self.instruction(instr, mult)
+            self.instruction(instr, mult * self.repeats.get(instr.name, 1.0)
+                             if comp.is_entry else mult)
 
     def instruction(self, instr: Instruction, mult: float) -> None:
         op = instr.opcode
@@ -456,12 +458,15 @@ class Hint:
 
 def build_graph(module: Module, mesh: LogicalMesh, cluster, costs: CostTable,
                 budget: float | None = None, axes: tuple[int, ...] | None = None,
-                hint: Hint | None = None, allow=None) -> ShardingGraph:
+                hint: Hint | None = None, allow=None,
+                repeats: dict[str, float] | None = None) -> ShardingGraph:
     """The sharding problem of `module` on `mesh`, splitting only over `axes` (default all),
     keeping to `hint` on the axes an earlier round solved, and to the source strategies that
     `allow(instr, leaf index, strategy)` accepts (used to price fixed strategies such as pure
-    data parallelism with the same model)."""
-    return _Builder(module, mesh, cluster, costs, budget, axes, hint, allow).build()
+    data parallelism with the same model). `repeats` gives how many times per step an entry
+    instruction runs (a pipeline stage runs its forward and backward once per microbatch and
+    its update once)."""
+    return _Builder(module, mesh, cluster, costs, budget, axes, hint, allow, repeats).build()
 
 
 def collectives_of(sg: ShardingGraph, choice: list[int]) -> list[tuple[str, Collective, float]]:

@@ -25,6 +25,8 @@ def inline_calls(module: Module) -> int:
             for call in calls:
                 _inline_one(module, comp, call)
                 count += 1
+    if count:
+        forward_tuples(module)
     drop_unreachable(module)
     return count
 
@@ -50,6 +52,25 @@ def _inline_one(module: Module, comp: Computation, call: Instruction) -> None:
     position = comp.instructions.index(call)
     comp.instructions[position:position + 1] = new_instrs
     replace_uses(comp, call, result)
+
+
+def forward_tuples(module: Module) -> int:
+    """Replace get-tuple-element(tuple(...), k) by the k-th operand (inlined calls return tuples
+    that are taken apart at once); returns how many were replaced. Dead tuples are dropped."""
+    count = 0
+    for comp in module.computations:
+        replaced = {}
+        for instr in comp.instructions:
+            instr.operands = [replaced.get(id(o), o) for o in instr.operands]
+            if instr.opcode == "get-tuple-element" and instr.operands[0].opcode == "tuple" \
+                    and "sharding" not in instr.attrs:
+                replaced[id(instr)] = instr.operands[0].operands[instr.tuple_index]
+                count += 1
+        if comp.root is not None and id(comp.root) in replaced:
+            comp.root = replaced[id(comp.root)]
+        if replaced:
+            comp.remove_dead()
+    return count
 
 
 def drop_unreachable(module: Module) -> None:

@@ -296,7 +296,9 @@ def _check_order(entry: Computation, graph: StepGraph, placed: dict[str, int]) -
 
 
 def stage_modules(graph: StepGraph, where: dict[str, set[int]], placed: set[str],
-                  num_stages: int, num_micro_batches: int) -> list[StageModule]:
+                  num_stages: int, num_micro_batches: int,
+                  only: list[int] | None = None) -> list[StageModule]:
+    """The module of every stage (or of the stages in `only`)."""
     entry = graph.module.entry
     users: dict[str, set[int]] = {}  # node name -> stages that read it
     for x in entry.instructions:
@@ -305,7 +307,7 @@ def stage_modules(graph: StepGraph, where: dict[str, set[int]], placed: set[str]
                 users.setdefault(o.name, set()).add(s)
     program_outputs = {node.name for _, node, _ in graph.outputs}
     out = []
-    for s in range(num_stages):
+    for s in (range(num_stages) if only is None else only):
         members = [x for x in entry.instructions if s in where.get(x.name, ())]
         if not members:
             raise UserError(f"stage {s} would compute nothing: fewer layers than stages")

@@ -16,3 +16,4 @@ class Stage:
     layers: tuple[int, int] | None = None  # first and last layer, when layers are known
     physical_shape: tuple[int, int] | None = None  # (nodes, devices per node) of its submesh
     sharding: object = None  # alpac.autoshard.ShardingResult, set by intra-op-sharding
+    pipeline_stage: object = None  # alpac.pipeline.StageModule when the step is pipelined

@@ -7,7 +7,9 @@ from dataclasses import dataclass
 
 from alpac.hlo import print_module
 from alpac.passmanager import CompileContext, Pass
+from alpac.pipeline import assemble, role_modules
 from alpac.program import single_stage_program
+from alpac.stage_costs import stage_figures
 
 
 @dataclass
@@ -50,12 +52,49 @@ class EmitPass(Pass):
         ctx.plan["num_micro_batches"] = ctx.plan.get("num_micro_batches", 1)
         ctx.plan["stages"] = entries
         ctx.artifacts["source.hlo"] = print_module(ctx.module)  # what --check runs
-        if len(stages) == 1 and ctx.plan["num_micro_batches"] == 1:
+        if stages[0].pipeline_stage is None:
             program = single_stage_program(ctx.module, stages[0].sharding.module,
                                            stages[0].mesh, entries[0]["module"])
             ctx.plan["program"] = program.to_dict()
-        ctx.plan["estimate"] = {
-            "iteration_time_s": sum(e["estimate"]["time_s"] for e in entries),
-            "peak_memory_bytes": max(e["estimate"]["peak_memory_bytes"] for e in entries),
-        }
+            ctx.plan["estimate"] = {
+                "iteration_time_s": sum(e["estimate"]["time_s"] for e in entries),
+                "peak_memory_bytes": max(e["estimate"]["peak_memory_bytes"] for e in entries),
+            }
+        else:
+            self.pipelined(ctx, stages, entries)
         ctx.stats["stages"] = stats
+
+    def pipelined(self, ctx: CompileContext, stages, entries) -> None:
+        """Role modules of every stage, the program, and the pipeline's estimates."""
+        graph, modules = ctx.module.analyses["pipeline"]
+        B = ctx.plan["num_micro_batches"]
+        roles = []
+        for stage, entry in zip(stages, entries):
+            mine = role_modules(stage.pipeline_stage, stage.sharding.module)
+            roles += mine
+            entry["modules"] = {rm.role: f"stage{stage.index}.{rm.role}.hlo" for rm in mine}
+        program, files = assemble(graph, modules, roles, [s.mesh for s in stages],
+                                  ctx.module, B)
+        ctx.artifacts.update(files)
+        ctx.plan["program"] = program.to_dict()
+        S = len(stages)
+        times, applies, peaks = [], [], []
+        for s, (stage, entry) in enumerate(zip(stages, entries)):
+            figures = stage_figures(stage.pipeline_stage, stage.sharding)
+            in_flight = min(S - s, B)
+            peak = figures.static_bytes + in_flight * figures.activation_bytes
+            entry["estimate"].update({
+                "time_per_microbatch_s": figures.t, "apply_s": figures.apply,
+                "static_bytes": figures.static_bytes,
+                "activation_bytes_per_microbatch": figures.activation_bytes,
+                "microbatches_in_flight": in_flight, "peak_memory_bytes": peak})
+            times.append(figures.t)
+            applies.append(figures.apply)
+            peaks.append(peak)
+        iteration = sum(times) + (B - 1) * max(times) + max(applies)
+        ctx.plan["estimate"] = {
+            "iteration_time_s": iteration,
+            "bubble_fraction": 1 - B * sum(times) / S / (sum(times) + (B - 1) * max(times)),
+            "peak_memory_bytes": max(peaks),
+            "bytes_between_meshes": program.transfer_bytes(),
+        }

@@ -26,21 +26,24 @@ class IntraOpShardingPass(Pass):
         budget = parse_size(self.memory_budget, "--memory-budget") if self.memory_budget \
             else ctx.cluster.device.memory
         for stage in ctx.module.analyses["stages"]:
+            repeats = stage.pipeline_stage.repeats if stage.pipeline_stage else None
             stage.sharding = shard_within(stage.module, stage.mesh, ctx.cluster, budget,
-                                          self.time_limit, self.gap)
+                                          self.time_limit, self.gap, repeats)
         ctx.module.analyses["sharded"] = True
 
 
-def shard_within(module, mesh, cluster, budget: float, time_limit: float, gap: float):
+def shard_within(module, mesh, cluster, budget: float, time_limit: float, gap: float,
+                 repeats=None):
     """Solve without the memory constraint (its reductions are stronger); only when that plan
     does not fit, solve again under the budget."""
-    result = auto_shard(module, mesh, cluster, time_limit=time_limit, gap_limit=gap)
+    result = auto_shard(module, mesh, cluster, time_limit=time_limit, gap_limit=gap,
+                        repeats=repeats)
     if result.solution.peak_memory <= budget:
         result.budget = budget
         return result
     try:
         result = auto_shard(module, mesh, cluster, budget=budget, time_limit=time_limit,
-                            gap_limit=gap)
+                            gap_limit=gap, repeats=repeats)
     except Infeasible as e:
         raise UserError(f"the program does not fit in {budget:,.0f} bytes per device on mesh "
                         f"{mesh}: the smallest per-device peak alpac can reach is "

@@ -1,29 +1,178 @@
-"""Split the program into pipeline stages and give each a submesh and a logical mesh."""
+"""Split the program into pipeline stages and give each a submesh and a logical mesh.
+
+With `mesh` set, one stage runs the whole step on that logical mesh (intra-operator
+parallelism only). Otherwise: cluster the forward pass into layers, price each layer on every
+submesh and logical mesh with the sharding ILP (identical layers once, in parallel), let the
+stage DP choose the stages, their meshes and the number of microbatches, and build each
+stage's module for the final ILP. A step that cannot be microbatched exactly runs as one
+stage with B = 1, and the plan says why.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from alpac.errors import UserError
+from alpac.layers import choose_num_layers, cluster_layers
 from alpac.mesh import LogicalMesh
 from alpac.passmanager import CompileContext, Pass
 from alpac.stage import Stage
+from alpac.stage_dp import NoFeasiblePlan, StageCost, stage_dp
+from alpac.submesh import logical_shapes, submesh_shapes
 
 
 @dataclass
 class StageConstructionPass(Pass):
     name = "stage-construction"
-    description = "choose pipeline stages, their submeshes and logical meshes"
+    description = "choose pipeline stages, their submeshes and logical meshes, and B"
     requires = ("costs",)
     provides = ("stages",)
-    mesh: str = ""  # e.g. 2x4: one stage over that many devices, intra-op parallelism only
+    mesh: str = ""  # e.g. 2x4: one stage on that logical mesh, intra-op parallelism only
+    micro_batches: int = 0  # number of microbatches (0: chosen among divisors of the batch)
+    layers: int = 0  # number of layers (0: chosen)
+    stages: str = ""  # pinned layer ranges, e.g. "0-3,4-7"
+    jobs: int = 0  # parallel ILP solves (0: all cores)
+    layer_time_limit: float = 20.0  # seconds per layer ILP
+    max_micro_batches: int = 128
 
     def run(self, ctx: CompileContext) -> None:
-        cluster = ctx.cluster
+        module, cluster = ctx.module, ctx.cluster
+        split = module.analyses.get("step")
         if self.mesh:
             mesh = LogicalMesh.parse(self.mesh, range(cluster.num_devices))
-        else:
+            module.analyses["stages"] = [self.whole(ctx, mesh)]
+            return
+        reason = None if split is None else split.refusal
+        if split is None or reason is not None or not split.backward:
+            ctx.plan["microbatching"] = {"refused": reason or "no training step found"}
             mesh = LogicalMesh((cluster.num_devices,), tuple(range(cluster.num_devices)))
-        nodes = {cluster.node_of(d) for d in mesh.devices}
-        per_node = mesh.num_devices // len(nodes)
-        ctx.module.analyses["stages"] = [Stage(0, mesh, ctx.module, None, (len(nodes), per_node))]
+            module.analyses["stages"] = [self.whole(ctx, mesh)]
+            return
+        module.analyses["stages"] = self.pipeline(ctx, split)
 
+    def whole(self, ctx: CompileContext, mesh: LogicalMesh) -> Stage:
+        nodes = {ctx.cluster.node_of(d) for d in mesh.devices}
+        return Stage(0, mesh, ctx.module, None, (len(nodes), mesh.num_devices // len(nodes)))
+
+    # ---- the pipeline ------------------------------------------------------------------------
+    def pipeline(self, ctx: CompileContext, split) -> list[Stage]:
+        from alpac import pipeline as pl
+        from alpac.stage_costs import LayerModules, solve_all
+
+        module, cluster = ctx.module, ctx.cluster
+        costs = module.analyses["costs"]
+        layer_of, num_layers = self.cluster(split, costs)
+        batch = split.batch.size
+        candidates = [b for b in _powers_of_two(min(batch, self.max_micro_batches))
+                      if batch % b == 0]
+        if self.micro_batches:
+            if batch % self.micro_batches:
+                raise UserError(f"--micro-batches {self.micro_batches} does not divide the "
+                                f"batch size {batch}")
+            candidates = [self.micro_batches]
+        reference = candidates[len(candidates) // 2]
+        layers = LayerModules(module, split, layer_of, num_layers, reference)
+        submeshes = submesh_shapes(cluster.nodes, cluster.devices_per_node)
+        configs = [logical_shapes(sm) for sm in submeshes]
+        distinct = sorted({h for _, h in layers.layers})
+        first_of = {h: next(k for k, (_, hh) in enumerate(layers.layers) if hh == h)
+                    for h in distinct}
+        tasks, keys = [], []
+        for h in distinct:
+            stage = layers.layers[first_of[h]][0]
+            for m, sm in enumerate(submeshes):
+                devices = range(sm[0] * sm[1])
+                for c, shape in enumerate(configs[m]):
+                    tasks.append((stage, LogicalMesh(tuple(shape), tuple(devices)), cluster,
+                                  self.layer_time_limit))
+                    keys.append((h, m, c))
+        solved = dict(zip(keys, solve_all(tasks, self.jobs or None)))
+        ctx.stats["stage_dp"] = {"layers": num_layers, "distinct_layers": len(distinct),
+                                 "layer_ilps": len(tasks), "reference_micro_batches": reference}
+        hashes = [h for _, h in layers.layers]
+        budget = float(cluster.device.memory)
+
+        def stage_cost(first, last, m, c, B):
+            total = None
+            for layer in range(first, last + 1):
+                cost = solved[(hashes[layer], m, c)]
+                total = cost if total is None else total + cost
+            scale = reference / B  # per-microbatch work and activations follow the microbatch
+            return StageCost(total.t * scale, total.apply, total.static_bytes,
+                             total.activation_bytes * scale, budget)
+
+        pinned = _parse_ranges(self.stages, num_layers) if self.stages else None
+        try:
+            plan = stage_dp(num_layers, submeshes, configs, cluster.nodes,
+                            cluster.devices_per_node, candidates, stage_cost,
+                            fixed_stages=pinned)
+        except NoFeasiblePlan as e:
+            need = f"{e.min_memory:,.0f} bytes" if e.min_memory is not None else "more"
+            raise UserError(f"the model does not fit on cluster '{cluster.name}': the smallest "
+                            f"memory per device alpac can reach is {need}, the devices have "
+                            f"{cluster.device.memory:,.0f}") from None
+        B = plan.num_micro_batches
+        ctx.plan["num_micro_batches"] = B
+        ctx.plan["pipeline"] = {
+            "layers": num_layers, "objective_s": plan.objective,
+            "bubble_fraction": plan.bubble_fraction, "stage_times_s": list(plan.stage_times),
+            "dp": {"calls": plan.stats.calls, "thresholds": plan.stats.thresholds}}
+        meshes = [LogicalMesh(tuple(configs[st.submesh][st.config]), tuple(st.devices))
+                  for st in plan.stages]
+        stage_of_layer = [next(s for s, st in enumerate(plan.stages)
+                               if st.first_layer <= layer <= st.last_layer)
+                          for layer in range(num_layers)]
+        graph = layers.graph if B == reference else pl.step_graph(
+            split.microbatch(B), {x.name for x in split.forward}, layer_of,
+            module.input_output_alias)
+        where, placed = pl.assign_stages(graph, stage_of_layer)
+        modules = pl.stage_modules(graph, where, placed, len(meshes), B)
+        module.analyses["pipeline"] = (graph, modules)
+        return [Stage(s, mesh, sm.module, (st.first_layer, st.last_layer),
+                      submeshes[st.submesh], pipeline_stage=sm)
+                for s, (st, mesh, sm) in enumerate(zip(plan.stages, meshes, modules))]
+
+    def cluster(self, split, costs) -> tuple[dict[str, int], int]:
+        """Forward instructions into layers (Alpa's layer construction), backward ones paired
+        with the layer they differentiate."""
+        forward = split.forward
+        index = {x: i for i, x in enumerate(forward)}
+        flops = [costs[x].flops if x in costs else 0.0 for x in forward]
+        heavy = [x.opcode in ("dot", "convolution") for x in forward]
+        edges = [(index[o], index[x], o.shape.byte_size) for x in forward for o in x.operands
+                 if o in index]
+        n = self.layers or choose_num_layers(flops, heavy, edges)
+        clustering = cluster_layers(flops, heavy, edges, n)
+        forward_layer = dict(zip(forward, clustering.layer_of_op))
+        backward_layer = split.backward_layers(forward_layer)
+        layer_of = {x.name: layer for x, layer in {**forward_layer, **backward_layer}.items()}
+        return layer_of, n
+
+
+def _powers_of_two(limit: int) -> list[int]:
+    out, b = [], 1
+    while b <= limit:
+        out.append(b)
+        b *= 2
+    return out
+
+
+def _parse_ranges(text: str, num_layers: int) -> list[tuple[int, int]]:
+    """`0-3,4-7` -> [(0, 3), (4, 7)], covering every layer in order."""
+    ranges = []
+    try:
+        for part in text.split(","):
+            first, _, last = part.partition("-")
+            ranges.append((int(first), int(last or first)))
+    except ValueError:
+        raise UserError(f"--stages '{text}' should look like 0-3,4-7 (layer ranges)") from None
+    expected = 0
+    for first, last in ranges:
+        if first != expected or last < first:
+            raise UserError(f"--stages '{text}' must cover layers 0..{num_layers - 1} in order "
+                            f"without gaps")
+        expected = last + 1
+    if expected != num_layers:
+        raise UserError(f"--stages '{text}' covers layers 0..{expected - 1}; the model has "
+                        f"{num_layers} layers (--layers sets the number)")
+    return ranges

@@ -12,7 +12,9 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from alpac.autoshard.builder import Hint, ShardingGraph, build_graph, collectives_of
+from alpac.autoshard.builder import Hint, ShardingGraph, build_graph, collectives_of, \
+    strategy_seconds
+from alpac.autoshard.resharding import reshard
 from alpac.autoshard.emit import write_shardings
 from alpac.costmodel import CostModel
 from alpac.costs import CostTable
@@ -46,6 +48,47 @@ class ShardingResult:
 
     def communication_seconds(self) -> float:
         return sum(v["seconds"] for v in self.collective_summary().values())
+
+    def seconds_by(self, group) -> dict[str, float]:
+        """The objective split by `group(instruction name) -> key`: each instruction's work and
+        collectives at its chosen strategy, and each resharding of an operand (charged to its
+        user), times how often they run."""
+        sg, choice = self.graph, self.solution.choice
+        out: dict[str, float] = defaultdict(float)
+        for instr, plan in sg.plans.items():
+            if plan.strategies:
+                key = group(instr.name)
+                st = plan.strategy(choice)
+                out[key] += plan.multiplier * strategy_seconds(sg, instr, st)
+        for use in sg.uses:
+            if use.value is None:
+                continue
+            src, dst = use.value.sharding(choice), use.required_sharding(choice)
+            if src != dst:
+                seconds = sum(c.seconds(sg.model) for c in reshard(
+                    use.value.shape.dims, use.value.shape.element_bits, src, dst,
+                    tuple(sg.mesh.shape)))
+                out[group(use.user.name)] += use.multiplier * seconds
+        return dict(out)
+
+    def bytes_by(self, group) -> dict[str, float]:
+        """Per-device bytes of the values of each group (`group(instruction name) -> key`,
+        None to skip) at their chosen shardings: what a stage keeps for weights, optimizer
+        state, accumulators and activations."""
+        sg, choice = self.graph, self.solution.choice
+        out: dict[str, float] = defaultdict(float)
+        mesh_shape = tuple(sg.mesh.shape)
+        for (instr, idx), value in sg.values.items():
+            if value.producer is not instr or idx != value.leaf:
+                continue
+            key = group(instr.name)
+            if key is not None:
+                tile = value.sharding(choice).tile_dims(value.shape.dims, mesh_shape)
+                n = 1
+                for d in tile:
+                    n *= d
+                out[key] += (n * value.shape.element_bits + 7) // 8
+        return dict(out)
 
     def decisions(self) -> list[dict]:
         """Per instruction, in program order: the sharding chosen, the strategy, and the

@@ -80,6 +80,7 @@ class ShardingGraph:
     mesh: LogicalMesh
     model: CostModel
     graph: StrategyGraph
+    costs: CostTable
     plans: dict[Instruction, InstrPlan] = field(default_factory=dict)
     values: dict[tuple[Instruction, tuple], Value] = field(default_factory=dict)
     uses: list[Use] = field(default_factory=list)
@@ -99,7 +100,7 @@ class _Builder:
         self.allow = allow
         self.repeats = repeats or {}  # entry instruction name -> executions per step
         self.costs = costs
-        self.out = ShardingGraph(module, mesh, self.model, StrategyGraph(budget=budget))
+        self.out = ShardingGraph(module, mesh, self.model, StrategyGraph(budget=budget), costs)
         self.graph = self.out.graph
         self.position = 0
         self.birth: dict[int, int] = {}  # id(value) -> position
@@ -111,13 +112,7 @@ class _Builder:
 
     # ---- costs ---------------------------------------------------------------------------
     def strategy_seconds(self, instr: Instruction, st: Strategy) -> float:
-        cost = self.costs[instr] if instr in self.costs else None
-        compute = 0.0
-        if cost is not None:
-            dtype = instr.shape.dtype if not instr.shape.is_tuple else "f32"
-            compute = self.model.compute(cost.flops / st.divisor,
-                                         cost.bytes_accessed / st.divisor, dtype)
-        return compute + sum(c.seconds(self.model) for c in st.collectives)
+        return strategy_seconds(self.out, instr, st)
 
     def reshard_seconds(self, shape: Shape, src: Sharding, dst: Sharding) -> float:
         key = (shape.dims, shape.element_bits, src, dst)
@@ -408,6 +403,18 @@ class _Builder:
                     else:
                         terms[v.node] = terms.get(v.node, 0) + tiles[id(v)]
             self.graph.memory_points.append(MemoryPoint(base, sorted(terms.items())))
+
+
+def strategy_seconds(sg: ShardingGraph, instr: Instruction, st: Strategy) -> float:
+    """One run of `instr` at strategy `st`: its share of the work (a roofline of FLOPs and
+    bytes over the ways the work is split) plus the collectives it performs itself."""
+    cost = sg.costs[instr] if instr in sg.costs else None
+    compute = 0.0
+    if cost is not None:
+        dtype = instr.shape.dtype if not instr.shape.is_tuple else "f32"
+        compute = sg.model.compute(cost.flops / st.divisor, cost.bytes_accessed / st.divisor,
+                                   dtype)
+    return compute + sum(c.seconds(sg.model) for c in st.collectives)
 
 
 def _index(items: list) -> tuple[np.ndarray, list]:

@@ -361,32 +361,38 @@ def _solve_scip(g: StrategyGraph, time_limit: float, gap_limit: float, seed: int
                                         for p in g.memory_points):
             return None, "infeasible", 1.0
         return [], "optimal", 0.0
-    from pyscipopt import quicksum
-
-    model = _new_model("alpac-sharding", time_limit, seed)
-    model.setParam("limits/gap", gap_limit)
-    s = _one_hot_vars(model, g)
-    terms = [(float(c[i]) * TIME_SCALE, s[v][i]) for v, c in enumerate(g.node_costs)
-             for i in range(len(c)) if c[i] != 0]
+    lp = _LpText()
+    s = [[lp.binary(f"s{v}_{i}") for i in range(len(c))] for v, c in enumerate(g.node_costs)]
+    for xs in s:
+        lp.row([(1.0, x) for x in xs], "=", 1.0)
+    for u, v, allowed in g.ties:
+        for i in range(allowed.shape[0]):
+            lp.row([(1.0, s[u][i])] + [(-1.0, s[v][j]) for j in np.flatnonzero(allowed[i])],
+                   "<=", 0.0)
+        for j in range(allowed.shape[1]):
+            lp.row([(1.0, s[v][j])] + [(-1.0, s[u][i]) for i in np.flatnonzero(allowed[:, j])],
+                   "<=", 0.0)
+    objective = [(float(c[i]) * TIME_SCALE, s[v][i]) for v, c in enumerate(g.node_costs)
+                 for i in range(len(c)) if c[i] != 0]
     for (u, v), m in sorted(g.edges.items()):
         low = float(m.min())  # shifting a matrix by a constant does not change the argmin
         if low:
-            terms.extend((low * TIME_SCALE, x) for x in s[u])
+            objective.extend((low * TIME_SCALE, x) for x in s[u])
         # strategies with identical rows (columns) cost the same against every partner:
         # one edge variable per pair of groups keeps the marginals exact and the LP small
         rows, row_of = np.unique(m, axis=0, return_inverse=True)
         cols, col_of = np.unique(rows, axis=1, return_inverse=True)
         row_of, col_of = row_of.reshape(-1), col_of.reshape(-1)
         n_rows, n_cols = cols.shape
-        e = [[model.addVar(f"e{u}_{v}_{r}_{c}", lb=0.0, ub=1.0) for c in range(n_cols)]
-             for r in range(n_rows)]
+        e = [[lp.continuous(f"e{u}_{v}_{r}_{c}") for c in range(n_cols)] for r in range(n_rows)]
         for r in range(n_rows):
-            model.addCons(quicksum(e[r]) == quicksum(s[u][i] for i in np.flatnonzero(row_of == r)))
+            lp.row([(1.0, x) for x in e[r]] + [(-1.0, s[u][i])
+                                               for i in np.flatnonzero(row_of == r)], "=", 0.0)
         for c in range(n_cols):
-            model.addCons(quicksum(e[r][c] for r in range(n_rows))
-                          == quicksum(s[v][j] for j in np.flatnonzero(col_of == c)))
-        terms.extend(((float(cols[r, c]) - low) * TIME_SCALE, e[r][c])
-                     for r in range(n_rows) for c in range(n_cols) if cols[r, c] > low)
+            lp.row([(1.0, e[r][c]) for r in range(n_rows)] +
+                   [(-1.0, s[v][j]) for j in np.flatnonzero(col_of == c)], "=", 0.0)
+        objective.extend(((float(cols[r, c]) - low) * TIME_SCALE, e[r][c])
+                         for r in range(n_rows) for c in range(n_cols) if cols[r, c] > low)
     if g.budget is not None:
         for p in g.memory_points:
             room = 1.0 - p.base / g.budget
@@ -395,26 +401,66 @@ def _solve_scip(g: StrategyGraph, time_limit: float, gap_limit: float, seed: int
             row = [(float(m[i]) / g.budget, s[v][i]) for v, m in p.terms
                    for i in range(len(m)) if m[i] > 0]
             if row:
-                model.addCons(quicksum(c * x for c, x in row) <= room)
-    model.setObjective(quicksum(c * x for c, x in terms))
-
+                lp.row(row, "<=", room)
+    model = _new_model("alpac-sharding", time_limit, seed)
+    model.setParam("limits/gap", gap_limit)
+    lp.load(model, objective)
+    by_name = {x.name: x for x in model.getVars()}
     warm = greedy(g)
     if g.feasible(warm):
         sol = model.createPartialSol()
         for v, i in enumerate(warm):
-            for k, x in enumerate(s[v]):
-                model.setSolVal(sol, x, 1.0 if k == i else 0.0)
+            for k, name in enumerate(s[v]):
+                model.setSolVal(sol, by_name[name], 1.0 if k == i else 0.0)
         model.addSol(sol)
-
     model.optimize()
     if model.getNSols() == 0:
         return None, "infeasible", 1.0
     best = model.getBestSol()
-    choice = [int(np.argmax([model.getSolVal(best, x) for x in xs])) for xs in s]
+    choice = [int(np.argmax([model.getSolVal(best, by_name[x]) for x in xs])) for xs in s]
     status = {"optimal": "optimal", "gaplimit": "gap_limit", "timelimit": "time_limit"}.get(
         model.getStatus(), model.getStatus())
     gap = float(model.getGap())
     return choice, status, gap if np.isfinite(gap) else 1.0
+
+
+class _LpText:
+    """An ILP written as CPLEX LP text, which SCIP reads in C: building a model of 10^5
+    variables through the Python API costs seconds, writing the text a fraction of that."""
+
+    def __init__(self):
+        self.rows: list[str] = []
+        self.binaries: list[str] = []
+        self.continuous_vars: list[str] = []
+
+    def binary(self, name: str) -> str:
+        self.binaries.append(name)
+        return name
+
+    def continuous(self, name: str) -> str:
+        self.continuous_vars.append(name)
+        return name
+
+    def row(self, terms, sense: str, rhs: float) -> None:
+        body = " ".join(f"{c:+.17g} {x}" for c, x in terms)
+        self.rows.append(f" r{len(self.rows)}: {body} {sense} {rhs:.17g}")
+
+    def load(self, model, objective) -> None:
+        import os
+        import tempfile
+
+        text = ["Minimize", " obj: " + (" ".join(f"{c:+.17g} {x}" for c, x in objective)
+                                          or "0 " + self.binaries[0]),
+                "Subject To", *self.rows, "Bounds",
+                *(f" 0 <= {x} <= 1" for x in self.continuous_vars),
+                "Binary", *(f" {x}" for x in self.binaries), "End"]
+        fd, path = tempfile.mkstemp(suffix=".lp", prefix="alpac-ilp-")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write("\n".join(text) + "\n")
+            model.readProblem(path)
+        finally:
+            os.unlink(path)
 
 
 def min_peak_memory(graph: StrategyGraph, time_limit: float = 30.0) -> float:

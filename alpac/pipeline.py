@@ -56,6 +56,22 @@ class StepGraph:
             return self.param_values[instr.name][0]
         return self.accumulators.get(instr.name) or f"v:{instr.name}"
 
+    def activations(self) -> set[str]:
+        """Nodes computed from both this microbatch's data and the weights: the ones a layer
+        owns. The rest (weights alone, or inputs alone: masks, one-hot labels) are cheap to
+        recompute wherever they are needed."""
+        example, weights = set(), set()
+        for x in self.module.entry.instructions:
+            if x.opcode == "parameter":
+                scope = self.param_values[x.name][1]
+                (example if scope == "microbatch" else weights).add(x.name)
+            else:
+                if any(o.name in example for o in x.operands):
+                    example.add(x.name)
+                if any(o.name in weights for o in x.operands):
+                    weights.add(x.name)
+        return {name for name in example & weights if name in self.role}
+
     def scope_of(self, instr: Instruction) -> str:
         if instr.opcode == "parameter":
             return self.param_values[instr.name][1]
@@ -205,11 +221,7 @@ def assign_stages(graph: StepGraph, stage_of_layer: list[int]
     entry = graph.module.entry
     where: dict[str, set[int]] = {}
     placed: dict[str, int] = {}
-    per_example: set[str] = set()  # nodes that depend on this microbatch's data
-    for x in entry.instructions:
-        if (x.opcode == "parameter" and graph.param_values[x.name][1] == "microbatch") or \
-                any(o.name in per_example for o in x.operands):
-            per_example.add(x.name)
+    activations = graph.activations()
     for x in entry.instructions:
         role = graph.role.get(x.name)
         if x.opcode == "tuple":
@@ -217,13 +229,14 @@ def assign_stages(graph: StepGraph, stage_of_layer: list[int]
         if x.opcode == "get-tuple-element" and x.operands[0].name in placed:
             placed[x.name] = placed[x.operands[0].name]  # stays with its tuple
         elif role in ("forward", "backward") and x.name in graph.layer_of and \
-                x.name in per_example:
+                x.name in activations:
             placed[x.name] = stage_of_layer[graph.layer_of[x.name]]
         elif role == "prologue":
             placed[x.name] = 0
         elif role == "accumulate":
             producer = x.operands[1]
             placed[x.name] = placed.get(producer.name, 0)
+    _split_accumulations(graph, placed)
     # parameters live with the first stage whose placed node reads them
     param_stage: dict[str, int] = {}
     for x in entry.instructions:
@@ -274,6 +287,47 @@ def assign_stages(graph: StepGraph, stage_of_layer: list[int]
         if node.name not in where and node.opcode != "parameter":
             need(node, 0)
     return where, set(placed)
+
+
+def _split_accumulations(graph: StepGraph, placed: dict[str, int]) -> None:
+    """A gradient summed from contributions that different stages compute (a weight used in
+    two stages, such as a tied embedding) gets one accumulator per contribution, added once
+    per step by the update, instead of moving a contribution every microbatch."""
+    entry = graph.module.entry
+    users = entry.users()
+    for acc in list(entry.instructions):
+        if acc.name not in graph.accumulators or acc.opcode != "add":
+            continue
+        acc_in, grad = acc.operands
+        if grad.opcode != "add" or len(users[grad]) != 1:
+            continue
+        a, b = grad.operands
+        if placed.get(a.name) is None or placed.get(b.name) is None or \
+                placed[a.name] == placed[b.name]:
+            continue
+        value = graph.accumulators[acc.name]
+        second_in = Instruction(f"{acc_in.name}.part", "parameter", acc.shape, (), {},
+                                str(len(entry.parameters)))
+        entry.instructions.insert(0, second_in)
+        second_in.parent = entry
+        graph.param_values[second_in.name] = (f"{value}.part", "step", None)
+        second = Instruction(f"{acc.name}.part", "add", acc.shape, [second_in, b])
+        total = Instruction(f"{acc.name}.total", "add", acc.shape, [acc, second])
+        position = entry.instructions.index(acc)
+        entry.instructions[position + 1:position + 1] = [second, total]
+        second.parent = total.parent = entry
+        acc.operands = [acc_in, a]
+        for u in users[acc]:
+            if u is not entry.root:
+                u.operands = [total if o is acc else o for o in u.operands]
+        entry.root.operands.append(second)
+        entry.root.shape = Shape.tuple_of(o.shape for o in entry.root.operands)
+        graph.role[second.name] = "accumulate"
+        graph.role[total.name] = "apply"
+        graph.accumulators[second.name] = f"{value}.part"
+        placed[acc.name] = placed[a.name]
+        placed[second.name] = placed[b.name]
+        entry.remove_dead()
 
 
 def _check_order(entry: Computation, graph: StepGraph, placed: dict[str, int]) -> None:

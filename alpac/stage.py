@@ -17,3 +17,4 @@ class Stage:
     physical_shape: tuple[int, int] | None = None  # (nodes, devices per node) of its submesh
     sharding: object = None  # alpac.autoshard.ShardingResult, set by intra-op-sharding
     pipeline_stage: object = None  # alpac.pipeline.StageModule when the step is pipelined
+    hints: dict | None = None  # instruction name -> sharding its layer's ILP chose

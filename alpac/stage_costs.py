@@ -39,6 +39,22 @@ class LayerCost:
     static_bytes: float
     activation_bytes: float
 
+    @staticmethod
+    def fit(b1: int, c1: "LayerCost", b2: int, c2: "LayerCost", B: int) -> "LayerCost":
+        """Per-microbatch time and activations at B microbatches, from the same shardings at
+        b1 and b2, as a + b/B (the part that shrinks with the microbatch, and the part that
+        does not)."""
+        if b1 == b2:
+            return LayerCost(c1.t * b1 / B, c1.apply, c1.static_bytes,
+                             c1.activation_bytes * b1 / B)
+
+        def at(y1, y2):
+            slope = max((y1 - y2) / (1 / b1 - 1 / b2), 0.0)
+            return max(y1 - slope / b1, 0.0) + slope / B
+
+        return LayerCost(at(c1.t, c2.t), c1.apply, c1.static_bytes,
+                         at(c1.activation_bytes, c2.activation_bytes))
+
     def __add__(self, other: "LayerCost") -> "LayerCost":
         return LayerCost(self.t + other.t, self.apply + other.apply,
                          self.static_bytes + other.static_bytes,
@@ -72,11 +88,32 @@ class LayerModules:
             self.layers.append((stage, canonical_hash(stage.module)))
 
 
-def layer_cost(stage: "pl.StageModule", mesh: LogicalMesh, cluster, time_limit: float
-               ) -> LayerCost:
-    result = auto_shard(stage.module, mesh, cluster, time_limit=time_limit,
-                        repeats=stage.repeats)
-    return stage_figures(stage, result)
+def layer_cost(stage: "pl.StageModule", mesh: LogicalMesh, cluster, time_limit: float,
+               hint: list | None = None) -> tuple[LayerCost, list]:
+    """The layer's figures, and the sharding the ILP chose for each instruction of its module
+    (by position, None where it chose none): a hint for the final ILP of the stage that
+    holds any layer of the same structure. With `hint` (such a list for a module of the same
+    structure), the ILP keeps to it: the same shardings priced at another microbatch size."""
+    allow = None
+    if hint is not None:
+        wanted = {x.name: h for x, h in zip(stage.module.entry.instructions, hint)
+                  if h is not None}
+
+        def allow(instr, idx, strategy):
+            want = wanted.get(instr.name)
+            return want is None or idx != () or strategy.outputs[0] == want
+
+    result = auto_shard(stage.module, mesh, cluster, time_limit=time_limit, gap_limit=0.02,
+                        repeats=stage.repeats, allow=allow)
+    choice = result.solution.choice
+    entry = result.graph.module.entry
+    decided = {i.name: i for i in result.graph.plans if i.parent is entry}
+    chosen = []
+    for instr in stage.module.entry.instructions:
+        twin = decided.get(instr.name)
+        value = result.graph.values.get((twin, ())) if twin is not None else None
+        chosen.append(value.sharding(choice) if value is not None else None)
+    return stage_figures(stage, result), chosen
 
 
 def stage_figures(stage: "pl.StageModule", result) -> LayerCost:
@@ -120,13 +157,13 @@ def _param_bytes(result, param) -> float:
 _TASKS: list = []  # filled before the pool forks, read by the workers
 
 
-def _solve_task(k: int) -> LayerCost:
-    stage, mesh, cluster, time_limit = _TASKS[k]
-    return layer_cost(stage, mesh, cluster, time_limit)
+def _solve_task(k: int):
+    return layer_cost(*_TASKS[k])
 
 
-def solve_all(tasks: list, jobs: int | None) -> list[LayerCost]:
-    """layer_cost for every (stage, mesh, cluster, time_limit), on `jobs` processes."""
+def solve_all(tasks: list, jobs: int | None) -> list:
+    """layer_cost for every (stage, mesh, cluster, time_limit[, hint]), on `jobs`
+    processes."""
     global _TASKS
     jobs = jobs or os.cpu_count() or 1
     if jobs <= 1 or len(tasks) <= 1:

@@ -28,22 +28,35 @@ class IntraOpShardingPass(Pass):
         for stage in ctx.module.analyses["stages"]:
             repeats = stage.pipeline_stage.repeats if stage.pipeline_stage else None
             stage.sharding = shard_within(stage.module, stage.mesh, ctx.cluster, budget,
-                                          self.time_limit, self.gap, repeats)
+                                          self.time_limit, self.gap, repeats,
+                                          _keep_to(stage.hints))
         ctx.module.analyses["sharded"] = True
 
 
+def _keep_to(hints):
+    """An ILP filter keeping each hinted instruction to the sharding its layer's ILP chose."""
+    if not hints:
+        return None
+
+    def allow(instr, idx, strategy) -> bool:
+        wanted = hints.get(instr.name)
+        return wanted is None or idx != () or strategy.outputs[0] == wanted
+
+    return allow
+
+
 def shard_within(module, mesh, cluster, budget: float, time_limit: float, gap: float,
-                 repeats=None):
+                 repeats=None, allow=None):
     """Solve without the memory constraint (its reductions are stronger); only when that plan
     does not fit, solve again under the budget."""
     result = auto_shard(module, mesh, cluster, time_limit=time_limit, gap_limit=gap,
-                        repeats=repeats)
+                        repeats=repeats, allow=allow)
     if result.solution.peak_memory <= budget:
         result.budget = budget
         return result
     try:
         result = auto_shard(module, mesh, cluster, budget=budget, time_limit=time_limit,
-                            gap_limit=gap, repeats=repeats)
+                            gap_limit=gap, repeats=repeats, allow=allow)
     except Infeasible as e:
         raise UserError(f"the program does not fit in {budget:,.0f} bytes per device on mesh "
                         f"{mesh}: the smallest per-device peak alpac can reach is "

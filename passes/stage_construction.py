@@ -32,7 +32,7 @@ class StageConstructionPass(Pass):
     layers: int = 0  # number of layers (0: chosen)
     stages: str = ""  # pinned layer ranges, e.g. "0-3,4-7"
     jobs: int = 0  # parallel ILP solves (0: all cores)
-    layer_time_limit: float = 20.0  # seconds per layer ILP
+    layer_time_limit: float = 5.0  # seconds per layer ILP (the DP needs costs, not proofs)
     max_micro_batches: int = 128
 
     def run(self, ctx: CompileContext) -> None:
@@ -57,7 +57,7 @@ class StageConstructionPass(Pass):
     # ---- the pipeline ------------------------------------------------------------------------
     def pipeline(self, ctx: CompileContext, split) -> list[Stage]:
         from alpac import pipeline as pl
-        from alpac.stage_costs import LayerModules, solve_all
+        from alpac.stage_costs import LayerCost, LayerModules, solve_all
 
         module, cluster = ctx.module, ctx.cluster
         costs = module.analyses["costs"]
@@ -86,7 +86,18 @@ class StageConstructionPass(Pass):
                     tasks.append((stage, LogicalMesh(tuple(shape), tuple(devices)), cluster,
                                   self.layer_time_limit))
                     keys.append((h, m, c))
-        solved = dict(zip(keys, solve_all(tasks, self.jobs or None)))
+        results = solve_all(tasks, self.jobs or None)
+        solved = {k: r[0] for k, r in zip(keys, results)}
+        chosen = {k: r[1] for k, r in zip(keys, results)}
+        # the same shardings at a second microbatch count: what does and does not scale
+        second = max(candidates) if max(candidates) != reference else min(candidates)
+        again = {}
+        if second != reference:
+            layers2 = LayerModules(module, split, layer_of, num_layers, second)
+            tasks2 = [(layers2.layers[first_of[h]][0], mesh, cluster, self.layer_time_limit,
+                       chosen[(h, m, c)]) for (stage, mesh, cluster, _), (h, m, c)
+                      in zip(tasks, keys)]
+            again = {k: r[0] for k, r in zip(keys, solve_all(tasks2, self.jobs or None))}
         ctx.stats["stage_dp"] = {"layers": num_layers, "distinct_layers": len(distinct),
                                  "layer_ilps": len(tasks), "reference_micro_batches": reference}
         hashes = [h for _, h in layers.layers]
@@ -95,11 +106,12 @@ class StageConstructionPass(Pass):
         def stage_cost(first, last, m, c, B):
             total = None
             for layer in range(first, last + 1):
-                cost = solved[(hashes[layer], m, c)]
+                key = (hashes[layer], m, c)
+                cost = LayerCost.fit(reference, solved[key], second,
+                                     again.get(key, solved[key]), B)
                 total = cost if total is None else total + cost
-            scale = reference / B  # per-microbatch work and activations follow the microbatch
-            return StageCost(total.t * scale, total.apply, total.static_bytes,
-                             total.activation_bytes * scale, budget)
+            return StageCost(total.t, total.apply, total.static_bytes, total.activation_bytes,
+                             budget)
 
         pinned = _parse_ranges(self.stages, num_layers) if self.stages else None
         try:
@@ -128,25 +140,69 @@ class StageConstructionPass(Pass):
         where, placed = pl.assign_stages(graph, stage_of_layer)
         modules = pl.stage_modules(graph, where, placed, len(meshes), B)
         module.analyses["pipeline"] = (graph, modules)
-        return [Stage(s, mesh, sm.module, (st.first_layer, st.last_layer),
-                      submeshes[st.submesh], pipeline_stage=sm)
-                for s, (st, mesh, sm) in enumerate(zip(plan.stages, meshes, modules))]
+        stages = []
+        for s, (st, mesh, sm) in enumerate(zip(plan.stages, meshes, modules)):
+            hints: dict[str, object] = {}
+            for layer in range(st.first_layer, st.last_layer + 1):
+                names = [x.name for x in layers.layers[layer][0].module.entry.instructions]
+                shards = chosen[(hashes[layer], st.submesh, st.config)]
+                for name, sharding in zip(names, shards):
+                    if sharding is not None:  # a node two layers disagree on stays free
+                        hints[name] = sharding if hints.get(name, sharding) == sharding \
+                            else None
+            stages.append(Stage(s, mesh, sm.module, (st.first_layer, st.last_layer),
+                                submeshes[st.submesh], pipeline_stage=sm, hints=hints))
+        return stages
 
     def cluster(self, split, costs) -> tuple[dict[str, int], int]:
-        """Forward instructions into layers (Alpa's layer construction), backward ones paired
-        with the layer they differentiate."""
-        forward = split.forward
+        """Forward activations into layers (Alpa's layer construction), backward ones paired
+        with the layer they differentiate. Values computed from inputs alone (masks, one-hot
+        labels) are left out: every stage recomputes them, so they cross no cut."""
+        forward = _activations(split)
         index = {x: i for i, x in enumerate(forward)}
         flops = [costs[x].flops if x in costs else 0.0 for x in forward]
         heavy = [x.opcode in ("dot", "convolution") for x in forward]
         edges = [(index[o], index[x], o.shape.byte_size) for x in forward for o in x.operands
                  if o in index]
-        n = self.layers or choose_num_layers(flops, heavy, edges)
-        clustering = cluster_layers(flops, heavy, edges, n)
+        if self.layers:
+            n, clustering = self.layers, cluster_layers(flops, heavy, edges, self.layers)
+        else:
+            n, clustering = _most_regular(forward, flops, heavy, edges)
         forward_layer = dict(zip(forward, clustering.layer_of_op))
         backward_layer = split.backward_layers(forward_layer)
         layer_of = {x.name: layer for x, layer in {**forward_layer, **backward_layer}.items()}
         return layer_of, n
+
+
+def _most_regular(forward, flops, heavy, edges):
+    """The layer count near Alpa's choice whose layers repeat the most (fewest distinct
+    structures; then more layers): repeated blocks are priced once and cut cleanly."""
+    base = choose_num_layers(flops, heavy, edges)
+    best = None
+    for n in range(max(2, base // 2), min(sum(heavy), 2 * base, 128) + 1):
+        clustering = cluster_layers(flops, heavy, edges, n)
+        shapes = {tuple((x.opcode, x.shape.without_layout())
+                        for x in forward[clustering.bounds[k]:clustering.bounds[k + 1]])
+                  for k in range(n)}
+        key = (len(shapes), -n)
+        if best is None or key < best[0]:
+            best = (key, n, clustering)
+    return best[1], best[2]
+
+
+def _activations(split) -> list:
+    """The forward instructions that read both the batch and the weights."""
+    batch = {a.param for a in split.batch.args}
+    example, weights = set(), set()
+    for x in split.module.entry.instructions:
+        if x.opcode == "parameter":
+            (example if x.parameter_number in batch else weights).add(x)
+        else:
+            if any(o in example for o in x.operands):
+                example.add(x)
+            if any(o in weights for o in x.operands):
+                weights.add(x)
+    return [x for x in split.forward if x in example and x in weights]
 
 
 def _powers_of_two(limit: int) -> list[int]:

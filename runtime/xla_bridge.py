@@ -410,3 +410,68 @@ def run_hlo_single_device(text: str, args: list, device=None) -> list[np.ndarray
     its sharding annotations. Outputs are flattened like `Executable.run`."""
     device = device if device is not None else cpu_devices(1)[0]
     return compile_hlo(strip_shardings(text), [device]).run(args)
+
+
+# ---- runtime helpers (alpa-run) ------------------------------------------------------------
+
+def sharding_from_text(text: str | None, devices: list):
+    """A jax sharding laying out an array over `devices` (partition i = devices[i]) as the XLA
+    sharding string says (None or "{replicated}": replicated)."""
+    _, _, xc, _ = _jaxlib()
+    from jax._src.sharding_impls import GSPMDSharding
+    hlo = xc.HloSharding.replicate() if not text or text.strip() == "{replicated}" else \
+        xc.HloSharding.from_string(text)
+    return GSPMDSharding(xc.DeviceList(tuple(devices)), hlo.to_proto())
+
+
+def jax_parameter_shardings(exe: "Executable") -> list:
+    """The jax shardings `exe.run_sharded` expects its arguments in."""
+    return list(exe._param_shardings)
+
+
+def jax_output_shardings(exe: "Executable") -> list:
+    """The jax shardings of the arrays `exe.run_sharded` returns."""
+    return list(exe._out_shardings)
+
+
+def global_devices() -> list:
+    """Every device of every process (multi-process jax), sorted by id."""
+    import jax
+    return sorted(jax.devices(), key=lambda d: d.id)
+
+
+def sharding_text_of(sharding, ndim: int) -> str:
+    """The XLA sharding string of a jax sharding for an array of `ndim` dimensions."""
+    return str(sharding._to_xla_hlo_sharding(ndim))
+
+
+def execute_unchecked(exe: "Executable", arrays: list) -> list:
+    """`exe.run_sharded(arrays)` without its per-argument shape, dtype and sharding checks,
+    for a caller that guarantees them (the runtime's hot path; benchmarks use it for the
+    direct baseline too). Deleted arrays are still refused: XLA would crash on them."""
+    from jax._src import array as jax_array
+    from jax._src import core
+    for k, a in enumerate(arrays):
+        if a.is_deleted():
+            raise ValueError(f"argument {k} was deleted (donated to an earlier run?)")
+    avals = exe.__dict__.get("_avals")
+    if avals is None:
+        avals = exe._avals = [core.ShapedArray(shape, dtype) for shape, dtype in
+                              exe.output_types]
+    try:
+        results = exe._exe.execute_sharded(list(arrays))
+    except Exception as e:
+        raise ValueError(f"execution failed: {_error_line(e)}") from None
+    return [jax_array.ArrayImpl(aval, sharding, shards, committed=True, _skip_checks=True)
+            for aval, sharding, shards in zip(
+                avals, exe._out_shardings, results.disassemble_into_single_device_arrays())]
+
+
+def partition_indices(text: str | None, shape: list[int], num_partitions: int) -> tuple:
+    """Per partition id, the tuple of slices of an array of `shape` that an XLA sharding
+    string gives it (no device objects needed: works for meshes of other processes)."""
+    _, _, xc, _ = _jaxlib()
+    from jax._src.op_shardings import op_sharding_to_indices
+    hlo = xc.HloSharding.replicate() if not text or text.strip() == "{replicated}" else \
+        xc.HloSharding.from_string(text)
+    return op_sharding_to_indices(hlo, tuple(shape), num_partitions)

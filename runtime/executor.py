@@ -1,0 +1,327 @@
+"""Runs this rank's part of a `Timeline`: its tasks in the global order, the transfers around
+them, freeing, and the accounting the report and the tests read.
+
+Per task: receive the versions it reads from other meshes; run it (feed an input, zero an
+accumulator, or run a module: arguments laid out as the module expects, a copy for a donated
+argument that is read again later); send what other meshes read; keep host copies of
+per-microbatch outputs when asked; free what is read no more; count, per mesh, the
+microbatches whose values are alive.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from alpac.errors import UserError
+from runtime.comm import Comm
+from runtime.timeline import Task, Timeline
+from runtime.transfers import TAG_BASE, TAG_CARRY, Move, Mover, host_dtype
+from runtime.xla_bridge import compile_hlo, execute_unchecked, jax_parameter_shardings
+
+
+@dataclass
+class StepStats:
+    seconds: float = 0.0
+    busy: dict[int, float] = field(default_factory=dict)  # mesh -> seconds running modules
+    transfer_seconds: float = 0.0
+    bytes: dict[tuple[int, int], int] = field(default_factory=dict)
+    carry_bytes: int = 0
+    peak_live: dict[int, int] = field(default_factory=dict)  # mesh -> microbatches
+
+
+class Executor:
+    def __init__(self, timeline: Timeline, plan_dir: Path, comm: Comm, devices: list,
+                 devices_per_rank: int, timeout: float, allgather_min_bytes: int = 0):
+        self.tl = timeline
+        self.program = timeline.program
+        self.comm = comm
+        self.rank = comm.rank
+        self.timeout = timeout
+        k = devices_per_rank
+        mine = set(range(self.rank * k, (self.rank + 1) * k))
+        self.meshes = [[devices[d] for d in m.devices] for m in self.program.meshes]
+        self.my_meshes = {i for i, m in enumerate(self.program.meshes) if mine & set(m.devices)}
+        rank_of = {d: d // k for m in self.program.meshes for d in m.devices}
+        self.mover = Mover(comm, self.meshes, rank_of,
+                           [list(m.devices) for m in self.program.meshes], timeout,
+                           allgather_min_bytes)
+        self.stream = timeline.tasks_for(self.my_meshes)
+        self.exes: dict[str, object] = {}
+        self.param_shardings: dict[str, list] = {}
+        self.moves = [self._move(t) for t in timeline.transfers]
+        self._compile(plan_dir)
+        self.slots: dict[tuple, object] = {}
+        self.live: dict[int, dict[int, int]] = {m: {} for m in self.my_meshes}  # mesh -> mb -> n
+        self.host_out: list[tuple[int, int, tuple, np.ndarray]] = []
+        self.tasks_done = 0
+        self._checked: set[int] = set()  # run tasks whose arguments were checked once
+        self._hooks = _test_hooks(self.rank)
+
+    # ---- setup -------------------------------------------------------------------------
+    def _compile(self, plan_dir: Path) -> None:
+        texts: dict[str, str] = {}
+        for mod in self.program.modules:
+            if mod.mesh not in self.my_meshes or mod.name in self.exes:
+                continue
+            path = plan_dir / mod.file
+            if mod.file not in texts:
+                try:
+                    texts[mod.file] = path.read_text()
+                except OSError as e:
+                    raise UserError(f"cannot read module {mod.name}: {e.strerror}",
+                                    path=str(path)) from None
+            try:
+                exe = compile_hlo(texts[mod.file], self.meshes[mod.mesh])
+            except ValueError as e:
+                raise UserError(str(e), path=str(path)) from None
+            if len(exe.parameter_types) != len(mod.parameters) or \
+                    len(exe.output_types) != len(mod.outputs):
+                raise UserError(f"module {mod.name} takes {len(exe.parameter_types)} and gives "
+                                f"{len(exe.output_types)} values; the program says "
+                                f"{len(mod.parameters)} and {len(mod.outputs)}", path=str(path))
+            self.exes[mod.name] = exe
+            self.param_shardings[mod.name] = jax_parameter_shardings(exe)
+
+    def _move(self, t) -> Move:
+        where = f" microbatch {t.m}" if t.m is not None else ""
+        return Move(t.id, TAG_BASE + 4 * t.id, f"{t.value}{where} (mesh {t.src_mesh} -> "
+                    f"{t.dst_mesh})", t.src_mesh, t.dst_mesh, t.src_sharding, t.dst_sharding,
+                    t.shape, t.dtype)
+
+    # ---- one step ----------------------------------------------------------------------
+    def run_step(self, host_inputs: dict[int, np.ndarray], carried: dict[str, object],
+                 collect: bool) -> StepStats:
+        """Run this rank's tasks of one step. `carried` maps input values to arrays from the
+        previous step; returns the statistics; the step outputs stay in `self.slots`."""
+        stats = StepStats(busy={m: 0.0 for m in self.my_meshes},
+                          peak_live={m: 0 for m in self.my_meshes})
+        self.mover.bytes = {}
+        self.mover.seconds = 0.0
+        self.host_out = []
+        t0 = time.perf_counter()
+        for task in self.stream:
+            for tid in task.recv_before:
+                self._store(self.tl.transfers[tid].dst_key, self.mover.receive(self.moves[tid]))
+            if task.kind == "run":
+                stats.busy[task.mesh] += self._run(task)
+            elif task.kind == "feed":
+                self._feed(task, host_inputs, carried)
+            else:
+                self._zero(task)
+            for tid in task.send_after:
+                self.mover.send(self.moves[tid], self.slots[self.tl.transfers[tid].src_key])
+            if collect:
+                for pos, key in task.collect_after:
+                    self._collect(pos, key)
+            for key in task.free_after:
+                self._drop(key)
+            if task.m is not None or task.recv_before:
+                self._account(task.mesh, stats)
+            self.comm.progress()
+            self.tasks_done += 1
+            if self._hooks:
+                self._hooks(self.tasks_done, task)
+        self.comm.flush("the receivers of this step's transfers")
+        stats.seconds = time.perf_counter() - t0
+        stats.bytes = dict(self.mover.bytes)
+        stats.transfer_seconds = self.mover.seconds
+        return stats
+
+    def _feed(self, task: Task, host_inputs, carried) -> None:
+        import jax
+        v = self.program.values[task.value]
+        sharding = self.mover.sharding(task.sharding, task.mesh)
+        key = task.writes[0][0]
+        if task.m is None and task.value in carried:
+            self._store(key, self.mover.reshard(carried.pop(task.value), task.sharding,
+                                                task.mesh, v.dtype))
+            return
+        if task.parameter is None:  # the microbatch index
+            data = np.asarray(task.m, host_dtype(v.dtype))
+        else:
+            data = host_inputs[task.parameter]
+            if task.m is not None:
+                n = data.shape[task.batch_dim] // self.program.num_micro_batches
+                index = [slice(None)] * data.ndim
+                index[task.batch_dim] = slice(task.m * n, (task.m + 1) * n)
+                data = data[tuple(index)]
+        self._store(key, jax.make_array_from_callback(
+            tuple(data.shape), sharding, lambda i, a=data: np.array(a[i], copy=True)))
+
+    def _zero(self, task: Task) -> None:
+        import jax
+        v = self.program.values[task.value]
+        zeros = np.zeros(v.shape, host_dtype(v.dtype))
+        self._store(task.writes[0][0], jax.make_array_from_callback(
+            tuple(v.shape), self.mover.sharding(task.sharding, task.mesh),
+            lambda i: np.array(zeros[i], copy=True)))
+
+    def _run(self, task: Task) -> float:
+        mod = task.module
+        exe = self.exes[mod.name]
+        expected = self.param_shardings[mod.name]
+        donated = exe.donated_parameters
+        args = []
+        for r in task.reads:
+            a = self.slots[r.key]
+            s = expected[r.param]
+            if not self.mover.equivalent(a.sharding, s, a.ndim):
+                a = self.mover.reshard(a, _text(s, a.ndim), task.mesh,
+                                       self.program.values[r.key[0]].dtype)
+                if r.last_use:
+                    self._store(r.key, a)
+            elif r.param in donated and not r.last_use:  # donated, but read again later
+                a = self.mover.reshard(a, _text(s, a.ndim), task.mesh,
+                                       self.program.values[r.key[0]].dtype, copy=True)
+            args.append(a)
+        what = f"running {task.describe()} on mesh {task.mesh}"
+        self.comm.watchdog.arm(what + " (its collectives wait for the mesh's other ranks)",
+                               self.timeout)
+        t0 = time.perf_counter()
+        try:
+            if task.index in self._checked:
+                outs = execute_unchecked(exe, args)
+            else:  # the first run checks every argument; later ones get alike arrays
+                outs = exe.run_sharded(args)
+                self._checked.add(task.index)
+            for o in outs:
+                o.block_until_ready()
+        finally:
+            self.comm.watchdog.disarm()
+        seconds = time.perf_counter() - t0
+        if donated:
+            for r in task.reads:
+                if r.param in donated:
+                    a = self.slots.get(r.key)
+                    if a is not None and a.is_deleted():
+                        self._pop(r.key)
+        for (key, _), out in zip(task.writes, outs):
+            self._store(key, out)
+        return seconds
+
+    def _store(self, key, array) -> None:
+        old = self.slots.get(key)
+        if old is None:
+            if key[1] is not None:
+                live = self.live[key[2]]
+                live[key[1]] = live.get(key[1], 0) + 1
+        elif old is not array and not old.is_deleted():
+            old.delete()  # a superseded version: every reader of it has run
+        self.slots[key] = array
+
+    def _pop(self, key):
+        a = self.slots.pop(key, None)
+        if a is not None and key[1] is not None:
+            live = self.live[key[2]]
+            live[key[1]] -= 1
+            if not live[key[1]]:
+                del live[key[1]]
+        return a
+
+    def _drop(self, key) -> None:
+        a = self._pop(key)
+        if a is not None and not a.is_deleted():
+            a.delete()
+
+    def _collect(self, pos: int, key) -> None:
+        """Host copies of this rank's distinct shards of a per-microbatch output."""
+        self.host_out += host_pieces(self.slots[key], pos, key[1])
+
+    def _account(self, mesh: int, stats: StepStats) -> None:
+        n = len(self.live[mesh])
+        if n > stats.peak_live[mesh]:
+            stats.peak_live[mesh] = n
+
+    # ---- between steps -----------------------------------------------------------------
+    def step_outputs(self) -> dict[int, object]:
+        """Output position -> array, for the step outputs whose final version is here."""
+        out = {}
+        for slot in self.tl.outputs:
+            if slot.key is not None and slot.key in self.slots:
+                out[slot.position] = self.slots[slot.key]
+        return out
+
+    def carry(self) -> tuple[dict[str, object], int]:
+        """Move the outputs that feed the next step's inputs (aliases) to where those inputs
+        are fed; free everything else. Returns (input value -> array, bytes moved)."""
+        outputs = self.step_outputs()
+        carried: dict[str, object] = {}
+        used: set[int] = set()
+        before = sum(self.mover.bytes.values())
+        for i, c in enumerate(self.tl.carries):
+            src_mesh = c.src_key[2]
+            v = self.program.values[c.input_value]
+            if src_mesh == c.dst_mesh:
+                if c.dst_mesh in self.my_meshes:
+                    a = outputs[c.output]
+                    if id(a) in used:  # one output feeds two inputs: each gets its own
+                        a = self.mover.reshard(a, v.sharding, c.dst_mesh, v.dtype, copy=True)
+                    carried[c.input_value] = a
+                    used.add(id(a))
+                continue
+            out_v = self.tl.outputs[c.output].value
+            mv = Move(i, TAG_CARRY + 4 * i, f"{c.input_value} for the next step (mesh "
+                      f"{src_mesh} -> {c.dst_mesh})", src_mesh, c.dst_mesh, out_v.sharding,
+                      v.sharding, list(v.shape), v.dtype)
+            if src_mesh in self.my_meshes:
+                self.mover.send(mv, outputs[c.output])
+            if c.dst_mesh in self.my_meshes:
+                carried[c.input_value] = self.mover.receive(mv)
+        self.comm.flush("the next step's inputs to move")
+        keep = {id(a) for a in carried.values()}
+        for key in list(self.slots):
+            a = self._pop(key)
+            if id(a) not in keep and not a.is_deleted():
+                a.delete()
+        return carried, sum(self.mover.bytes.values()) - before
+
+
+def host_pieces(array, pos: int, m: int | None) -> list[tuple[int, int | None, tuple, np.ndarray]]:
+    """(output position, microbatch, region, data) for the distinct regions whose first
+    holder (in device-list order) is a device of this process."""
+    from runtime.resharding import region_of
+    shape = list(array.shape)
+    index = array.sharding.devices_indices_map(tuple(shape))
+    first: dict[tuple, int] = {}
+    for dev in sorted(index, key=lambda d: d.id):
+        first.setdefault(region_of(index[dev], shape), dev.id)
+    out = []
+    for s in array.addressable_shards:
+        region = region_of(index[s.device], shape)
+        if first[region] == s.device.id:
+            out.append((pos, m, region, np.array(s.data, copy=True)))
+    return out
+
+
+def _text(sharding, ndim: int) -> str:
+    from runtime.xla_bridge import sharding_text_of
+    return sharding_text_of(sharding, ndim)
+
+
+def _test_hooks(rank: int):
+    """Fault injection for the tests: ALPAC_TEST_{KILL,FAIL,HANG}_RANK=r with
+    ALPAC_TEST_{KILL,FAIL,HANG}_AFTER=n make rank r, after its n-th task, kill itself
+    (SIGKILL), raise, or stop responding."""
+    actions = {}
+    for what in ("KILL", "FAIL", "HANG"):
+        r = os.environ.get(f"ALPAC_TEST_{what}_RANK")
+        if r is not None and int(r) == rank:
+            actions[what] = int(os.environ.get(f"ALPAC_TEST_{what}_AFTER", "1"))
+    if not actions:
+        return None
+
+    def hook(done: int, task: Task) -> None:
+        if actions.get("KILL") == done:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if actions.get("FAIL") == done:
+            raise RuntimeError(f"injected failure after {task.describe()} "
+                               f"(ALPAC_TEST_FAIL_RANK)")
+        if actions.get("HANG") == done:
+            time.sleep(10 ** 6)
+    return hook

@@ -1,0 +1,469 @@
+"""`alpa-run PLAN [options] -- MPI_ARGS`: run a plan under mpiexec, one rank per device (or
+per `--devices-per-rank` devices).
+
+After `--`, `np 8`, `-np 8` and `-n 8` set the number of ranks (default: the plan's devices
+divided by the devices per rank); other arguments go to mpiexec as they are. The mpiexec is
+the one installed with the `mpich` package (or `--mpiexec PATH`). Each rank runs
+`python -m runtime.launcher PLAN --worker ...` (`runtime.worker`); run that way directly under
+an existing `mpiexec`, it works without the launcher.
+
+The launcher checks the plan before starting anything (a missing or corrupt plan, or one for
+another number of devices, ends with one line and exit code 2), passes the ranks' output
+through without mpiexec's banners, and when a rank fails prints one line naming the rank and
+the cause. Exit codes: 0 success, 1 `--check` failed, 2 bad input, 3 a rank failed (raised,
+timed out, was killed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+import click
+
+from runtime.comm import EXIT_RUNTIME, EXIT_USAGE, STATUS_ENV
+
+SCHEDULES = ("gpipe", "1f1b")
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("plan", type=click.Path(path_type=Path))
+@click.option("--inputs", type=click.Path(path_type=Path),
+              help="Inputs as .npz: keys arg0, arg1, ... (by parameter number) or the HLO "
+              "parameter names (default: random inputs from --seed).")
+@click.option("--seed", default=0, show_default=True, help="Seed of the random inputs.")
+@click.option("--iters", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Steps to run; outputs feed their aliased inputs between steps.")
+@click.option("--save", type=click.Path(path_type=Path),
+              help="Write the outputs to this .npz (keys out0, out1, ... in flattened order).")
+@click.option("--check", is_flag=True, help="Run the original module on one device for the "
+              "same steps and compare (exit 1 if a relative error is over --rtol).")
+@click.option("--rtol", default=1e-5, show_default=True,
+              help="Tolerance of --check: max|out-ref|/max|ref| per output.")
+@click.option("--report", type=click.Path(path_type=Path), help="Write the report as JSON.")
+@click.option("--schedule", type=click.Choice(SCHEDULES),
+              help="Pipeline schedule (default: the plan's).")
+@click.option("--devices-per-rank", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Devices each rank drives.")
+@click.option("--mpiexec", "mpiexec_path", type=click.Path(path_type=Path),
+              help="mpiexec to use (default: the one of the mpich package).")
+@click.option("--timeout", default=300.0, show_default=True, type=click.FloatRange(min=0.1),
+              help="Seconds any rank waits for another before giving up.")
+@click.option("--platform", type=click.Choice(("auto", "cpu", "gpu")), default="auto",
+              show_default=True, help="Devices to run on.")
+@click.option("--allgather-min-bytes", default=1 << 20, show_default=True,
+              type=click.IntRange(min=0), help="Replicated destinations of a cross-mesh "
+              "transfer receive one part per device and all-gather it (Alpa's local "
+              "all-gather) from this region size on; below, one device per region receives "
+              "it and copies it to the others.")
+@click.option("--worker", is_flag=True, help="Run as one rank (under mpiexec).")
+@click.option("--quiet", is_flag=True, help="Print no report.")
+@click.option("--debug", is_flag=True, help="Show the failing rank's traceback and every "
+              "rank's messages.")
+@click.pass_context
+def cli(ctx, plan, inputs, seed, iters, save, check, rtol, report, schedule, devices_per_rank,
+        mpiexec_path, timeout, platform, allgather_min_bytes, worker, quiet, debug):
+    """Run the plan in PLAN across MPI ranks: alpa-run PLAN [options] -- np N [mpiexec args]"""
+    from runtime.worker import Options
+    opts = Options(str(plan), str(inputs) if inputs else None, seed, iters,
+                   str(save) if save else None, check, rtol, str(report) if report else None,
+                   schedule, devices_per_rank, timeout, platform, quiet, allgather_min_bytes)
+    if debug:
+        os.environ["ALPAC_RUN_DEBUG"] = "1"
+    if worker:
+        from runtime.worker import main as worker_main
+        sys.exit(worker_main(opts))
+    sys.exit(launch(opts, ctx.obj["mpi"], mpiexec_path, debug))
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    mpi: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, mpi = argv[:cut], argv[cut + 1:]
+    try:
+        cli.main(args=argv, prog_name="alpa-run", standalone_mode=False, obj={"mpi": mpi})
+    except click.exceptions.Abort:
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(EXIT_USAGE)
+
+
+def fail_usage(message: str) -> int:
+    click.echo(f"alpa-run: error: {message}", err=True)
+    return EXIT_USAGE
+
+
+def parse_mpi_args(args: list[str]) -> tuple[int | None, list[str]]:
+    """(number of ranks, the other mpiexec arguments) from the words after `--`."""
+    n, rest = None, []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        m = re.fullmatch(r"-{0,2}(?:np|n)=(\d+)", a)
+        if m:
+            n = int(m.group(1))
+        elif a in ("np", "-np", "--np", "-n", "-n"):
+            if i + 1 >= len(args) or not args[i + 1].isdigit():
+                raise ValueError(f"'{a}' needs a number of ranks after it")
+            n = int(args[i + 1])
+            i += 1
+        else:
+            rest.append(a)
+        i += 1
+    if n is not None and n < 1:
+        raise ValueError("the number of ranks must be at least 1")
+    return n, rest
+
+
+def find_mpiexec() -> str | None:
+    """The mpiexec of the `mpich` package (next to this Python), else one on PATH."""
+    try:
+        from importlib.metadata import PackageNotFoundError, distribution
+        for f in distribution("mpich").files or []:
+            if str(f).endswith("bin/mpiexec"):
+                path = Path(f.locate()).resolve()
+                if path.exists():
+                    return str(path)
+    except (PackageNotFoundError, ImportError, OSError):
+        pass
+    here = Path(sys.executable).parent / "mpiexec"
+    if here.exists():
+        return str(here)
+    return shutil.which("mpiexec")
+
+
+def check_plan(opts) -> int:
+    """The plan's device count (UserError if the plan cannot be run)."""
+    from alpac.errors import UserError
+    from alpac.plan import load_plan
+    from alpac.program import Program
+    from runtime.timeline import build
+    plan_dir = Path(opts.plan)
+    plan, _ = load_plan(plan_dir)
+    where = str(plan_dir / "plan.json")
+    if "program" not in plan:
+        raise UserError("the plan has no program (alpac wrote it without one; recompile it)",
+                        path=where)
+    try:
+        program = Program.from_dict(plan["program"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise UserError(f"the plan's program is malformed: {type(e).__name__}: {e}",
+                        path=where) from None
+    build(program, opts.schedule, where)
+    for m in program.modules:
+        if not (plan_dir / m.file).is_file():
+            raise UserError(f"the plan's module file {m.file} is missing", path=where)
+    if opts.check and not (plan_dir / "source.hlo").is_file():
+        raise UserError("--check needs the original module source.hlo in the plan",
+                        path=str(plan_dir))
+    if opts.inputs and not Path(opts.inputs).is_file():
+        raise UserError("no such inputs file", path=opts.inputs)
+    return max(d for m in program.meshes for d in m.devices) + 1
+
+
+def launch(opts, mpi_args: list[str], mpiexec_path: Path | None, debug: bool) -> int:
+    from alpac.errors import UserError
+    try:
+        devices = check_plan(opts)
+    except UserError as e:
+        return fail_usage(str(e))
+    try:
+        n, extra = parse_mpi_args(mpi_args)
+    except ValueError as e:
+        return fail_usage(str(e))
+    k = opts.devices_per_rank
+    if n is None:
+        if devices % k:
+            return fail_usage(f"the plan runs on {devices} devices, which {k} devices per "
+                              f"rank do not divide")
+        n = devices // k
+    if n * k != devices:
+        return fail_usage(f"{opts.plan}/plan.json: the plan runs on {devices} devices, but "
+                          f"{n} ranks x {k} devices per rank = {n * k} were asked for")
+    mpiexec = str(mpiexec_path) if mpiexec_path else find_mpiexec()
+    if not mpiexec or not Path(mpiexec).exists() and not shutil.which(mpiexec):
+        return fail_usage("no mpiexec found (install the mpich package or pass --mpiexec)")
+
+    status = Path(tempfile.mkdtemp(prefix="alpa-run-"))
+    # With Hydra, the launcher (not mpiexec) ends the other ranks when one dies, so that it
+    # can tell which rank died first.
+    hydra = ["-disable-auto-cleanup"] if _is_hydra(mpiexec) else []
+    cmd = [mpiexec, *hydra, "-n", str(n), *extra, sys.executable, "-m", "runtime.launcher",
+           opts.plan, "--worker", *worker_args(opts)]
+    env = dict(os.environ)
+    env[STATUS_ENV] = str(status)
+    env["PYTHONUNBUFFERED"] = "1"
+    if sys.stdout.isatty():
+        env.setdefault("ALPAC_RUN_COLOR", "1")
+        env.setdefault("ALPAC_RUN_WIDTH", str(shutil.get_terminal_size().columns))
+    try:
+        return _supervise(cmd, env, status, n, debug)
+    finally:
+        shutil.rmtree(status, ignore_errors=True)
+
+
+def _is_hydra(mpiexec: str) -> bool:
+    try:
+        r = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "HYDRA" in r.stdout
+
+
+def worker_args(opts) -> list[str]:
+    out = ["--seed", str(opts.seed), "--iters", str(opts.iters), "--rtol", repr(opts.rtol),
+           "--devices-per-rank", str(opts.devices_per_rank), "--timeout", repr(opts.timeout),
+           "--platform", opts.platform, "--allgather-min-bytes", str(opts.allgather_min_bytes)]
+    for flag, value in (("--inputs", opts.inputs), ("--save", opts.save),
+                        ("--report", opts.report), ("--schedule", opts.schedule)):
+        if value is not None:
+            out += [flag, value]
+    if opts.check:
+        out.append("--check")
+    if opts.quiet:
+        out.append("--quiet")
+    return out
+
+
+_BANNER = re.compile(r"^(=+|=\s.*|YOUR APPLICATION TERMINATED WITH THE EXIT STRING:.*|"
+                     r"This typically refers to a problem with your application\.|"
+                     r"Please see the FAQ page for debugging suggestions|"
+                     r"Abort\(\d+\) on node \d+.*application called MPI_Abort.*)$")
+
+
+# gloo's connection messages (two ranks' may interleave on one line)
+_GLOO = re.compile(r"^(\[Gloo\] Rank )+(\d+ is connected to \d+ peer ranks.*)?$|"
+                   r"peer ranks\. Expected number of connected peer ranks is")
+
+
+class _Output:
+    """Passes the ranks' output through, holding stderr lines back briefly so that the noise
+    of ranks being ended after a failure can be dropped."""
+
+    HOLD = 0.5
+
+    def __init__(self, debug: bool):
+        self.debug = debug
+        self.failed = False
+        self.banner_pids: list[int] = []
+        self.exit_string: str | None = None
+        self._held: deque = deque()
+        self._lock = threading.Lock()
+        self.dropped: list[str] = []
+
+    def pump(self, stream, is_err: bool) -> None:
+        for raw in iter(stream.readline, b""):
+            line = raw.decode(errors="replace").rstrip("\n")
+            m = re.match(r"^=\s+PID (\d+) RUNNING AT", line)
+            if m:
+                self.banner_pids.append(int(m.group(1)))
+            m = re.match(r"^YOUR APPLICATION TERMINATED WITH THE EXIT STRING: (.*)$", line)
+            if m:
+                self.exit_string = m.group(1).strip()
+            if _GLOO.search(line) and not self.debug:
+                continue
+            if _BANNER.match(line.strip()) and not self.debug:
+                self.failed = True
+                continue
+            if is_err and not self.debug:
+                with self._lock:
+                    self._held.append((time.monotonic(), line))
+            else:
+                target = sys.stderr if is_err else sys.stdout
+                target.write(line + "\n")
+                target.flush()
+
+    def release(self, final: bool = False) -> None:
+        now = time.monotonic()
+        with self._lock:
+            while self._held and (final or now - self._held[0][0] > self.HOLD):
+                _, line = self._held.popleft()
+                if self.failed:
+                    self.dropped.append(line)
+                else:
+                    sys.stderr.write(line + "\n")
+            sys.stderr.flush()
+
+
+def _supervise(cmd, env, status: Path, n: int, debug: bool) -> int:
+    try:
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                stdin=subprocess.DEVNULL)
+    except OSError as e:
+        return fail_usage(f"cannot start {cmd[0]}: {e.strerror}")
+    out = _Output(debug)
+    readers = [threading.Thread(target=out.pump, args=(proc.stdout, False), daemon=True),
+               threading.Thread(target=out.pump, args=(proc.stderr, True), daemon=True)]
+    for t in readers:
+        t.start()
+    deaths = _Deaths(status)
+    deaths.start()
+    ended_at = None
+    try:
+        while proc.poll() is None:
+            time.sleep(0.05)
+            if list(status.glob("error.rank*.json")):
+                out.failed = True
+            out.release()
+            if ended_at is None and deaths.silent():
+                ended_at = time.monotonic()  # a rank died without a word: end the others
+                out.failed = True
+            if ended_at is not None and time.monotonic() - ended_at > _GRACE:
+                _end(proc, deaths)
+    except KeyboardInterrupt:
+        proc.send_signal(2)
+        proc.wait()
+        out.failed = True
+    for t in readers:
+        t.join(timeout=5)
+    deaths.stop()
+    rc = proc.returncode
+    errors = []
+    for f in status.glob("error.rank*.json"):
+        try:
+            errors.append(json.loads(f.read_text()))
+        except (OSError, json.JSONDecodeError):
+            pass
+    if errors or rc not in (0, 1):
+        out.failed = True
+    out.release(final=True)
+    first_error = min(errors, key=lambda e: e["time"]) if errors else None
+    reported = {e.get("rank") for e in errors}
+    # a rank that vanished without a word before any rank reported an error was killed
+    silent = {r: deaths.gone[r] for r in deaths.silent() if r not in reported}
+    if silent and (first_error is None or min(silent.values()) < first_error["time"]):
+        first = min(silent.values())
+        dead = sorted(r for r, t in silent.items() if t - first < 0.005)
+        how = f" ({out.exit_string})" if out.exit_string else f" (mpiexec exit code {rc})"
+        who = f"rank {dead[0]}" if len(dead) == 1 else \
+            f"one of ranks {', '.join(map(str, dead))}"
+        click.echo(f"alpa-run: error: {who} ended unexpectedly{how}; the other ranks were "
+                   f"stopped", err=True)
+        if debug and out.dropped:
+            click.echo("\n".join(out.dropped), err=True)
+        return EXIT_RUNTIME
+    if first_error is not None:
+        where = f"rank {first_error['rank']}: " if first_error.get("rank") is not None else ""
+        click.echo(f"alpa-run: error: {where}{first_error['message']}", err=True)
+        if debug and first_error.get("detail"):
+            click.echo(first_error["detail"], err=True)
+        return int(first_error.get("code") or EXIT_RUNTIME)
+    if rc in (0, 1):
+        return rc
+    how = f" ({out.exit_string})" if out.exit_string else f" (mpiexec exit code {rc})"
+    click.echo(f"alpa-run: error: a rank ended unexpectedly{how}; the other ranks were "
+               f"stopped", err=True)
+    return EXIT_RUNTIME
+
+
+_GRACE = 1.0  # seconds the other ranks get to report an error of their own first
+
+
+def _end(proc, deaths) -> None:
+    """End mpiexec and every rank (mpiexec forwards SIGTERM; SIGKILL what is left)."""
+    import signal
+    proc.terminate()
+    try:
+        proc.wait(timeout=3)
+    except subprocess.TimeoutExpired:
+        for pid in deaths.pids.values():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        proc.kill()
+        proc.wait()
+
+
+class _Deaths(threading.Thread):
+    """When each rank's process ended (wall time), from the pid files the ranks write and
+    pidfd notifications, so that the first rank to die is known even when mpiexec then
+    ends all the others within milliseconds. (One machine; elsewhere nothing is known.)"""
+
+    def __init__(self, status: Path):
+        super().__init__(daemon=True, name="alpa-run-deaths")
+        self.status = status
+        self.gone: dict[int, float] = {}
+        self._fds: dict[int, int] = {}  # fd -> rank
+        self._known: set[int] = set()
+        self.pids: dict[int, int] = {}
+        self._halt = threading.Event()
+
+    def silent(self) -> list[int]:
+        """Ranks that ended with neither an error report nor a normal finish."""
+        out = []
+        for rank in list(self.gone):
+            if not (self.status / f"done.rank{rank}").exists() and \
+                    not (self.status / f"error.rank{rank}.json").exists():
+                out.append(rank)
+        return out
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(timeout=2)
+        self._scan()
+        for fd in list(self._fds):
+            os.close(fd)
+        self._fds.clear()
+
+    def run(self) -> None:
+        import select
+        while not self._halt.is_set():
+            self._scan()
+            if not self._fds:
+                time.sleep(0.02)
+                continue
+            poller = select.poll()
+            for fd in self._fds:
+                poller.register(fd, select.POLLIN)
+            for fd, _ in poller.poll(20):
+                now = time.time()
+                rank = self._fds.pop(fd)
+                os.close(fd)
+                self.gone.setdefault(rank, now)
+
+    def _scan(self) -> None:
+        for f in self.status.glob("pid.rank*"):
+            try:
+                rank = int(f.name[len("pid.rank"):])
+                if rank in self._known:
+                    continue
+                pid = int(f.read_text())
+            except (OSError, ValueError):
+                continue
+            self._known.add(rank)
+            self.pids[rank] = pid
+            try:
+                self._fds[os.pidfd_open(pid)] = rank
+            except (OSError, AttributeError):
+                if not _alive(pid):
+                    self.gone.setdefault(rank, time.time())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return state not in ("Z", "X")
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+            return True
+        except OSError:
+            return False
+
+
+if __name__ == "__main__":
+    main()

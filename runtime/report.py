@@ -1,0 +1,150 @@
+"""The run report: built on rank 0 from every rank's statistics, printed with rich and written
+as JSON (`--report FILE.json`).
+
+JSON fields: `plan`, `ranks`, `devices_per_rank`, `schedule`, `num_micro_batches`,
+`num_stages`, `iterations`, `iteration_time_s` (list, one per iteration, the slowest rank's),
+`median_iteration_time_s`, `throughput` (`steps_per_s`, and `samples_per_s` with
+`batch_size` when the batch size is known), `stages` (per mesh: `mesh`, `stages`, `devices`,
+`ranks`, `busy_s` and `idle_s` per iteration, `peak_live_microbatches`,
+`schedule_max_live_microbatches`), `bytes_between_meshes` (measured in one step, the most of
+any iteration), `bytes_between_meshes_per_iteration`, `bytes_between_meshes_by_pair`,
+`predicted_bytes_between_meshes` (the plan's `Program.transfer_bytes()`),
+`bytes_between_steps` (aliased outputs moved to another mesh for the next step),
+`transfer_time_s`, and when `--check` ran `check` (`rtol`, `max_rel_error`: per output
+`out<k>` and `overall`, `passed`).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from alpac.schedule import max_live_microbatches
+
+
+def build(*, plan_dir: str, timeline, ranks: int, devices_per_rank: int, per_rank: list,
+          batch_size: int | None, check: dict | None) -> dict:
+    """`per_rank[r]` is rank r's list of `StepStats`, one per iteration."""
+    program = timeline.program
+    iters = len(per_rank[0]) if per_rank else 0
+    times = [max(stats[i].seconds for stats in per_rank) for i in range(iters)]
+    median = statistics.median(times) if times else 0.0
+    bound = {}
+    if timeline.stages:
+        has_backward = any(m.role == "backward" for m in program.modules)
+        for s, n in zip(timeline.stages, max_live_microbatches(
+                len(timeline.stages), program.num_micro_batches, timeline.kind, has_backward)):
+            bound[timeline.stage_mesh[s]] = n
+    meshes = []
+    for i, mesh in enumerate(program.meshes):
+        holders = [r for r, stats in enumerate(per_rank) if stats and i in stats[0].busy]
+        busy = [max((per_rank[r][k].busy[i] for r in holders), default=0.0)
+                for k in range(iters)]
+        meshes.append({
+            "mesh": i,
+            "stages": sorted({m.stage for m in program.modules if m.mesh == i}),
+            "devices": list(mesh.devices),
+            "ranks": holders,
+            "busy_s": busy,
+            "idle_s": [max(t - b, 0.0) for t, b in zip(times, busy)],
+            "peak_live_microbatches": max((per_rank[r][k].peak_live[i] for r in holders
+                                           for k in range(iters)), default=0),
+            "schedule_max_live_microbatches": bound.get(i),
+        })
+    per_iter, pairs = [], {}
+    for k in range(iters):
+        total = 0
+        for stats in per_rank:
+            for (src, dst), n in stats[k].bytes.items():
+                total += n
+                if k == iters - 1:
+                    pairs[(src, dst)] = pairs.get((src, dst), 0) + n
+        per_iter.append(total)
+    report = {
+        "plan": plan_dir,
+        "ranks": ranks,
+        "devices_per_rank": devices_per_rank,
+        "schedule": timeline.kind,
+        "num_micro_batches": program.num_micro_batches,
+        "num_stages": max(len(timeline.stages), 1),
+        "iterations": iters,
+        "iteration_time_s": times,
+        "median_iteration_time_s": median,
+        "throughput": {"steps_per_s": 1.0 / median if median > 0 else None,
+                       "batch_size": batch_size,
+                       "samples_per_s": batch_size / median if median > 0 and batch_size
+                       else None},
+        "stages": meshes,
+        "bytes_between_meshes": max(per_iter, default=0),
+        "bytes_between_meshes_per_iteration": per_iter,
+        "bytes_between_meshes_by_pair": [{"src_mesh": s, "dst_mesh": d, "bytes": n}
+                                         for (s, d), n in sorted(pairs.items())],
+        "predicted_bytes_between_meshes": program.transfer_bytes(),
+        "bytes_between_steps": max((sum(st[k].carry_bytes for st in per_rank)
+                                    for k in range(iters)), default=0),
+        "transfer_time_s": [max(st[k].transfer_seconds for st in per_rank)
+                            for k in range(iters)],
+    }
+    if check is not None:
+        report["check"] = check
+    return report
+
+
+def write(report: dict, path: Path) -> None:
+    from alpac.errors import UserError
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=1) + "\n")
+    except OSError as e:
+        raise UserError(f"cannot write the report: {e.strerror}", path=str(path)) from None
+
+
+def render(report: dict, console) -> None:
+    from rich.table import Table
+    ms = 1e3
+    t = report["iteration_time_s"]
+    head = (f"[bold]alpa-run[/] {report['plan']}: {report['ranks']} ranks x "
+            f"{report['devices_per_rank']} devices, {report['num_stages']} stage(s), "
+            f"{report['num_micro_batches']} microbatch(es), schedule {report['schedule']}")
+    console.print(head)
+    if t:
+        tp = report["throughput"]
+        line = (f"{report['iterations']} iterations: " +
+                ", ".join(f"{x * ms:.2f}" for x in t) + f" ms; median "
+                f"{report['median_iteration_time_s'] * ms:.2f} ms = "
+                f"{tp['steps_per_s']:.1f} steps/s")
+        if tp.get("samples_per_s"):
+            line += f", {tp['samples_per_s']:.0f} samples/s (batch {tp['batch_size']})"
+        console.print(line)
+    table = Table(title="per mesh (median over iterations)", show_edge=False)
+    for col in ("mesh", "stages", "devices", "ranks", "busy ms", "idle ms", "live mb (bound)"):
+        table.add_column(col, justify="right" if col not in ("devices",) else "left")
+    for m in report["stages"]:
+        busy = statistics.median(m["busy_s"]) if m["busy_s"] else 0.0
+        idle = statistics.median(m["idle_s"]) if m["idle_s"] else 0.0
+        b = m["schedule_max_live_microbatches"]
+        table.add_row(str(m["mesh"]), ",".join(map(str, m["stages"])),
+                      _devices(m["devices"]), ",".join(map(str, m["ranks"])),
+                      f"{busy * ms:.2f}", f"{idle * ms:.2f}",
+                      f"{m['peak_live_microbatches']}" + (f" ({b})" if b is not None else ""))
+    console.print(table)
+    console.print(f"bytes between meshes per step: {report['bytes_between_meshes']:,} measured, "
+                  f"{report['predicted_bytes_between_meshes']:,} planned" +
+                  (f"; {report['bytes_between_steps']:,} between steps"
+                   if report["bytes_between_steps"] else ""))
+    check = report.get("check")
+    if check:
+        errs = check["max_rel_error"]
+        worst = sorted(((k, v) for k, v in errs.items() if k != "overall"),
+                       key=lambda kv: -kv[1])[:5]
+        status = "[green]passed[/]" if check["passed"] else "[red bold]FAILED[/]"
+        console.print(f"check against one device: max relative error {errs['overall']:.3g} "
+                      f"(rtol {check['rtol']:g}) {status}; worst: " +
+                      ", ".join(f"{k} {v:.3g}" for k, v in worst))
+
+
+def _devices(devices: list[int]) -> str:
+    if len(devices) > 2 and devices == list(range(devices[0], devices[-1] + 1)):
+        return f"{devices[0]}-{devices[-1]}"
+    return ",".join(map(str, devices))

@@ -1,0 +1,303 @@
+"""One rank of `alpa-run` (`alpa-run PLAN --worker`, started by mpiexec).
+
+Rank r owns the global devices [r*k, (r+1)*k) (k = `--devices-per-rank`; plan device d is
+jax device d of `jax.devices()` sorted by id). The rank loads the plan, checks it against the
+launch, initializes multi-process jax (jax.distributed, with mpi4py cluster detection; gloo
+collectives on CPU, NCCL on GPUs), compiles the modules of the meshes that hold its devices,
+runs `--iters` steps (outputs fed back into their aliased inputs), gathers the statistics (and
+the outputs, for `--save` / `--check`) to rank 0, which checks, saves and reports.
+
+Errors: see `runtime.comm` (one message naming the rank, MPI_Abort, exit codes 1/2/3).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+TAG_SETUP = (1 << 28) + 1
+TAG_STATS = (1 << 28) + 2
+TAG_OUTPUTS = (1 << 28) + 3
+TAG_STATUS = (1 << 28) + 4
+
+
+@dataclass
+class Options:
+    plan: str
+    inputs: str | None = None
+    seed: int = 0
+    iters: int = 1
+    save: str | None = None
+    check: bool = False
+    rtol: float = 1e-5
+    report: str | None = None
+    schedule: str | None = None
+    devices_per_rank: int = 1
+    timeout: float = 300.0
+    platform: str = "auto"
+    quiet: bool = False
+    allgather_min_bytes: int = 1 << 20
+
+
+class SetupError(Exception):
+    """An error every rank meets alike (bad plan, bad inputs): rank 0 alone reports it."""
+
+    def __init__(self, cause: BaseException):
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+def main(opts: Options) -> int:
+    platform = configure_devices(opts.devices_per_rank, opts.platform)
+    from runtime.comm import STATUS_ENV, Comm, describe, fail
+    comm = Comm(opts.timeout)
+    status = os.environ.get(STATUS_ENV)
+    if status:  # lets the launcher name a rank that dies without a word
+        try:
+            (Path(status) / f"pid.rank{comm.rank}").write_text(str(os.getpid()))
+        except OSError:
+            pass
+    try:
+        code = _run(comm, opts, platform)
+        if status:  # finished normally: its end is no failure
+            (Path(status) / f"done.rank{comm.rank}").write_text(str(code))
+    except SetupError as e:
+        message, code, detail = describe(e.cause)
+        if comm.rank != 0:
+            time.sleep(min(10.0, opts.timeout))  # rank 0 reports it and ends every rank
+        fail(comm.rank, message, code, detail)
+    except BaseException as e:  # noqa: BLE001 - a rank must never leave the others waiting
+        message, code, detail = describe(e)
+        fail(comm.rank, message, code, detail)
+    return code
+
+
+def configure_devices(k: int, platform: str) -> str:
+    """Environment for jax before it is imported: k devices for this process."""
+    if platform == "auto":
+        platform = "gpu" if _gpus_present() else "cpu"
+    if platform == "cpu":
+        os.environ["JAX_PLATFORMS"] = "cpu"
+        flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "",
+                       os.environ.get("XLA_FLAGS", "")).strip()
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={k}".strip()
+    else:
+        local = int(os.environ.get("MPI_LOCALRANKID", os.environ.get("PMI_RANK", "0")))
+        os.environ.setdefault("CUDA_VISIBLE_DEVICES",
+                              ",".join(str(local * k + i) for i in range(k)))
+        os.environ.setdefault("JAX_PLATFORMS", "cuda")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    return platform
+
+
+def _gpus_present() -> bool:
+    from importlib.util import find_spec
+    has_plugin = any(find_spec(m) is not None for m in ("jax_cuda12_plugin", "jax_cuda13_plugin"))
+    return has_plugin and os.path.exists("/dev/nvidiactl")
+
+
+def _run(comm, opts: Options, platform: str) -> int:
+    from runtime.comm import EXIT_CHECK
+    try:
+        setup = _setup(comm, opts)
+    except Exception as e:
+        raise SetupError(e) from e
+    plan_dir, program, tl, source_text, params, host_inputs, batch_size = setup
+
+    k = opts.devices_per_rank
+    # Multi-process jax only when a mesh spans ranks: otherwise every module runs inside one
+    # process (XLA's in-process collectives, not gloo's TCP) and MPI moves the rest.
+    distributed = comm.size > 1 and any(len({d // k for d in m.devices}) > 1
+                                        for m in program.meshes)
+    jax = _init_jax(comm, opts, platform, distributed)
+    from runtime.data import assemble, reference, relative_errors, save
+    from runtime.executor import Executor, host_pieces
+    from runtime.xla_bridge import global_devices
+
+    if distributed:
+        devices = global_devices()
+        if len(devices) != comm.size * k:
+            raise RuntimeError(f"jax sees {len(devices)} devices, expected {comm.size} x {k}")
+        for d, dev in enumerate(devices):
+            if dev.process_index != d // k:
+                raise RuntimeError(f"device {d} belongs to process {dev.process_index}, "
+                                   f"expected {d // k}")
+    else:
+        local = sorted(jax.local_devices(), key=lambda d: d.id)
+        if len(local) != k:
+            raise RuntimeError(f"jax sees {len(local)} devices in this process, expected {k}")
+        devices = [local[d - comm.rank * k] if d // k == comm.rank else None
+                   for d in range(comm.size * k)]
+    executor = Executor(tl, plan_dir, comm, devices, k, opts.timeout, opts.allgather_min_bytes)
+    comm.barrier("every rank to compile its modules")
+
+    gather = opts.save is not None or opts.check
+    carried: dict = {}
+    steps = []
+    for it in range(opts.iters):
+        comm.barrier(f"the other ranks to start iteration {it}")
+        t0 = time.perf_counter()
+        stats = executor.run_step(host_inputs, carried, collect=gather and it == opts.iters - 1)
+        if it < opts.iters - 1:
+            carried, stats.carry_bytes = executor.carry()
+        stats.seconds = time.perf_counter() - t0  # the step and moving its carried outputs
+        steps.append(stats)
+
+    pieces = None
+    if gather:
+        mine = list(executor.host_out)
+        for pos, array in executor.step_outputs().items():
+            mine += host_pieces(array, pos, None)
+        pieces = comm.gather_obj(mine, TAG_OUTPUTS, "outputs")
+    per_rank = comm.gather_obj(steps, TAG_STATS, "statistics")
+
+    code = 0
+    if comm.rank == 0:
+        from runtime import report as rep
+        outputs = None
+        if gather:
+            outputs = assemble([p for part in pieces for p in part], tl.outputs,
+                               program.num_micro_batches)
+        if opts.save is not None:
+            save(Path(opts.save), outputs)
+        check = None
+        if opts.check:
+            args = [host_inputs[p.number] for p in params]
+            positions = {tuple(s.spec.index): s.position for s in tl.outputs}
+            aliases = [(positions[tuple(o)], p) for o, p in program.aliases
+                       if tuple(o) in positions]
+            refs = reference(source_text, args, aliases, opts.iters, jax.local_devices()[0])
+            if len(refs) != len(outputs):
+                raise RuntimeError(f"the original module has {len(refs)} outputs, the "
+                                   f"program {len(outputs)}")
+            errs = relative_errors(outputs, refs)
+            overall = max(errs, default=0.0)
+            check = {"rtol": opts.rtol,
+                     "max_rel_error": {**{f"out{k}": e for k, e in enumerate(errs)},
+                                       "overall": overall},
+                     "passed": bool(overall <= opts.rtol)}
+            if not check["passed"]:
+                code = EXIT_CHECK
+        report = rep.build(plan_dir=str(opts.plan), timeline=tl, ranks=comm.size,
+                           devices_per_rank=k, per_rank=per_rank, batch_size=batch_size,
+                           check=check)
+        if opts.report:
+            rep.write(report, Path(opts.report))
+        if not opts.quiet:
+            rep.render(report, _console())
+        if code:
+            worst = max((kv for kv in check["max_rel_error"].items() if kv[0] != "overall"),
+                        key=lambda kv: kv[1])
+            sys.stdout.flush()
+            sys.stderr.write(f"alpa-run: check failed: max relative error "
+                             f"{check['max_rel_error']['overall']:.3g} (at {worst[0]}) is over "
+                             f"rtol {opts.rtol:g}\n")
+            sys.stderr.flush()
+    code = comm.bcast_obj(code, TAG_STATUS, "the final status")
+    comm.barrier("the other ranks to finish")
+    sys.stdout.flush()
+    if distributed:
+        jax.distributed.shutdown()
+    return code
+
+
+def _setup(comm, opts: Options):
+    from alpac.errors import UserError
+    from alpac.plan import load_plan
+    from alpac.program import Program
+    from runtime.data import entry_parameters, load_inputs, program_parameters
+    from runtime.timeline import build
+
+    plan_dir = Path(opts.plan)
+    plan, stats = load_plan(plan_dir)
+    where = str(plan_dir / "plan.json")
+    if "program" not in plan:
+        raise UserError("the plan has no program (alpac wrote it without one; recompile it)",
+                        path=where)
+    try:
+        program = Program.from_dict(plan["program"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise UserError(f"the plan's program is malformed: {type(e).__name__}: {e}",
+                        path=where) from None
+    tl = build(program, opts.schedule, where)
+    needed_devices = max(d for m in program.meshes for d in m.devices) + 1
+    launched = comm.size * opts.devices_per_rank
+    if needed_devices != launched:
+        raise UserError(f"the plan runs on {needed_devices} devices, but {comm.size} ranks x "
+                        f"{opts.devices_per_rank} devices per rank = {launched} were launched",
+                        path=where)
+    missing = sorted({m.file for m in program.modules if not (plan_dir / m.file).is_file()})
+    if missing:
+        raise UserError(f"the plan's module file {missing[0]} is missing", path=where)
+    source_path = plan_dir / "source.hlo"
+    source_text = source_path.read_text() if source_path.is_file() else None
+    if opts.check and source_text is None:
+        raise UserError("--check needs the original module source.hlo in the plan",
+                        path=str(plan_dir))
+    source = entry_parameters(source_text, str(source_path)) if source_text else None
+    params = program_parameters(program, source)
+    by_number = {p.number: p for p in params}
+    for i in program.inputs:
+        p = by_number.get(i.parameter)
+        v = program.values[i.value]
+        shape = list(v.shape)
+        if i.batch_dim is not None:
+            shape[i.batch_dim] *= program.num_micro_batches
+        if p is None or (p.shape != shape and i.value != program.microbatch_index):
+            raise UserError(f"input {i.value} is parameter {i.parameter} of shape {shape}, but "
+                            f"the original module's parameter is "
+                            f"{p.shape if p else 'missing'}", path=where)
+    needed = {i.parameter for i in program.inputs}
+    if opts.check and comm.rank == 0:
+        needed |= {p.number for p in params}
+    host_inputs = load_inputs(Path(opts.inputs) if opts.inputs else None, opts.seed, params,
+                              needed)
+    batch_size = next((program.values[i.value].shape[i.batch_dim] * program.num_micro_batches
+                       for i in program.inputs if i.batch_dim is not None), None)
+    if batch_size is None:
+        batch_size = (stats.get("batch") or {}).get("size")
+    return plan_dir, program, tl, source_text, params, host_inputs, batch_size
+
+
+def _init_jax(comm, opts: Options, platform: str, distributed: bool):
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import jax
+    if distributed and platform == "cpu":
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    if distributed:
+        host = socket.gethostname()
+        hosts = comm.gather_obj(host, TAG_SETUP, "host names")
+        address = None
+        if comm.rank == 0:
+            with socket.socket() as s:
+                s.bind(("", 0))
+                port = s.getsockname()[1]
+            address = f"{'127.0.0.1' if len(set(hosts)) == 1 else host}:{port}"
+        address = comm.bcast_obj(address, TAG_SETUP, "the coordinator address")
+        timeout = max(int(opts.timeout), 10)
+        jax.distributed.initialize(coordinator_address=address,
+                                   cluster_detection_method="mpi4py",
+                                   local_device_ids=list(range(opts.devices_per_rank)),
+                                   initialization_timeout=timeout,
+                                   shutdown_timeout_seconds=timeout)
+    return jax
+
+
+def _console():
+    from rich.console import Console
+    width = os.environ.get("ALPAC_RUN_WIDTH")
+    color = os.environ.get("ALPAC_RUN_COLOR")
+    kwargs = {"highlight": False}
+    if width:
+        kwargs["width"] = int(width)
+    if color is not None:
+        kwargs["force_terminal"] = color == "1"
+        kwargs["no_color"] = color != "1"
+    return Console(**kwargs)

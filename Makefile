@@ -16,8 +16,13 @@ $(STAMP): pyproject.toml
 test: $(STAMP)
 	$(PY) -m pytest -q
 
+DEMO_MODEL ?= testdata/models/mlp_train.hlo
+
 demo: $(STAMP)
-	$(VENV)/bin/alpac inspect testdata/models/gpt_train.hlo
+	$(VENV)/bin/alpac inspect $(DEMO_MODEL)
+	$(VENV)/bin/alpac compile $(DEMO_MODEL) -o demo-plan --timings
+	$(VENV)/bin/alpac explain demo-plan --limit 10
+	$(VENV)/bin/alpa-run demo-plan --check --iters 3 --report demo-plan.report.json -- np 8
 
 bench: $(STAMP)
 	for f in benchmarks/bench_*.py; do $(PY) $$f || exit 1; done

@@ -112,10 +112,27 @@ def list_passes() -> None:
 @click.option("--time-limit", type=float, help="Seconds the ILP solver may take per stage "
               "(default 60).")
 @click.option("--batch-args", help=BATCH_ARGS_HELP)
+@click.option("--micro-batches", type=int, help="Number of microbatches (default: chosen "
+              "among the divisors of the batch).")
+@click.option("--layers", type=int, help="Number of layers to cluster the forward pass into "
+              "(default: chosen).")
+@click.option("--stages", "stages_spec", help="Pin the pipeline stages as layer ranges, e.g. "
+              "0-3,4-7.")
+@click.option("--jobs", type=int, help="Parallel ILP solves while choosing stages (default: "
+              "all cores).")
+@click.option("--strategy", help="A fixed strategy priced by the same model: data-parallel, "
+              "zero2, zero3 or megatron:dp=..,tp=..,pp=..")
+@click.option("--zero", type=click.Choice(["2", "3"]), default="2", show_default=True,
+              help="Weight-update sharding after the ILP: 2 shards optimizer state "
+              "(reduce-scatter + all-gather), 3 also stores the weights sharded.")
+@click.option("--no-reduce-scatter", is_flag=True, help="Keep the weight update as the ILP "
+              "chose it (skip the reduce-scatter pass).")
 def compile(model: Path, cluster_path: Path | None, out_dir: Path, passes_spec: str | None,
             skip_pass: tuple[str, ...], dump_after: tuple[str, ...], timings: bool,
             mesh: str | None, memory_budget: str | None, time_limit: float | None,
-            batch_args: str | None) -> None:
+            batch_args: str | None, micro_batches: int | None, layers: int | None,
+            stages_spec: str | None, jobs: int | None, strategy: str | None, zero: str,
+            no_reduce_scatter: bool) -> None:
     """Compile MODEL into a plan directory."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -127,6 +144,13 @@ def compile(model: Path, cluster_path: Path | None, out_dir: Path, passes_spec: 
                                           "batch-analysis": {}}
     if batch_args:
         options["batch-analysis"]["batch_args"] = batch_args
+    for key, value in (("micro_batches", micro_batches), ("layers", layers),
+                       ("stages", stages_spec), ("jobs", jobs), ("strategy", strategy)):
+        if value is not None:
+            options["stage-construction"][key] = str(value)
+    options["reduce-scatter"] = {"zero": zero}
+    if no_reduce_scatter:
+        skip_pass = skip_pass + ("reduce-scatter",)
     if mesh:
         options["stage-construction"]["mesh"] = mesh
     if memory_budget:

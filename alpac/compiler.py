@@ -23,6 +23,7 @@ def default_recipe() -> list[str]:
         "step-split",     # per-microbatch part, accumulated values, once-per-step update
         "stage-construction",  # pipeline stages, submeshes, logical meshes
         "intra-op-sharding",   # the sharding ILP of every stage
+        "reduce-scatter",      # shard the weight update (ZeRO-2) where it does not slow
         "emit",                # sharded HLO per stage + plan entries
     ]
 

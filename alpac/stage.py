@@ -18,3 +18,4 @@ class Stage:
     sharding: object = None  # alpac.autoshard.ShardingResult, set by intra-op-sharding
     pipeline_stage: object = None  # alpac.pipeline.StageModule when the step is pipelined
     hints: dict | None = None  # instruction name -> sharding its layer's ILP chose
+    allow: object = None  # a filter on the ILP's choices (a forced strategy), or None

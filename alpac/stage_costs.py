@@ -89,7 +89,7 @@ class LayerModules:
 
 
 def layer_cost(stage: "pl.StageModule", mesh: LogicalMesh, cluster, time_limit: float,
-               hint: list | None = None) -> tuple[LayerCost, list]:
+               hint: list | None = None, rule=None) -> tuple[LayerCost, list]:
     """The layer's figures, and the sharding the ILP chose for each instruction of its module
     (by position, None where it chose none): a hint for the final ILP of the stage that
     holds any layer of the same structure. With `hint` (such a list for a module of the same
@@ -103,6 +103,9 @@ def layer_cost(stage: "pl.StageModule", mesh: LogicalMesh, cluster, time_limit: 
             want = wanted.get(instr.name)
             return want is None or idx != () or strategy.outputs[0] == want
 
+    if rule is not None:
+        allow = rule if allow is None else (lambda i, x, st, a=allow: a(i, x, st) and
+                                            rule(i, x, st))
     result = auto_shard(stage.module, mesh, cluster, time_limit=time_limit, gap_limit=0.02,
                         repeats=stage.repeats, allow=allow)
     choice = result.solution.choice
@@ -162,8 +165,8 @@ def _solve_task(k: int):
 
 
 def solve_all(tasks: list, jobs: int | None) -> list:
-    """layer_cost for every (stage, mesh, cluster, time_limit[, hint]), on `jobs`
-    processes."""
+    """layer_cost for every (stage, mesh, cluster, time_limit[, hint[, rule]]), on `jobs`
+    processes (forked: the tasks, closures included, are inherited, not pickled)."""
     global _TASKS
     jobs = jobs or os.cpu_count() or 1
     if jobs <= 1 or len(tasks) <= 1:

@@ -12,5 +12,6 @@ BUILTIN_PASSES = {
     "step-split": "passes.step_split:StepSplitPass",
     "stage-construction": "passes.stage_construction:StageConstructionPass",
     "intra-op-sharding": "passes.intra_op:IntraOpShardingPass",
+    "reduce-scatter": "passes.reduce_scatter:ReduceScatterPass",
     "emit": "passes.emit:EmitPass",
 }

@@ -10,6 +10,7 @@ from alpac.cluster import parse_size
 from alpac.errors import UserError
 from alpac.ilp import Infeasible
 from alpac.passmanager import CompileContext, Pass
+from alpac.strategy_rules import both
 
 
 @dataclass
@@ -27,9 +28,10 @@ class IntraOpShardingPass(Pass):
             else ctx.cluster.device.memory
         for stage in ctx.module.analyses["stages"]:
             repeats = stage.pipeline_stage.repeats if stage.pipeline_stage else None
+            stage.allow = both(stage.allow, _keep_to(stage.hints))
             stage.sharding = shard_within(stage.module, stage.mesh, ctx.cluster, budget,
-                                          self.time_limit, self.gap, repeats,
-                                          _keep_to(stage.hints))
+                                          self.time_limit, self.gap, repeats, stage.allow)
+        ctx.plan["memory_budget_bytes"] = budget
         ctx.module.analyses["sharded"] = True
 
 

@@ -18,6 +18,7 @@ from alpac.mesh import LogicalMesh
 from alpac.passmanager import CompileContext, Pass
 from alpac.stage import Stage
 from alpac.stage_dp import NoFeasiblePlan, StageCost, stage_dp
+from alpac.strategy_rules import parse_megatron, roles_of_stage, roles_of_step, rule
 from alpac.submesh import logical_shapes, submesh_shapes
 
 
@@ -34,10 +35,21 @@ class StageConstructionPass(Pass):
     jobs: int = 0  # parallel ILP solves (0: all cores)
     layer_time_limit: float = 5.0  # seconds per layer ILP (the DP needs costs, not proofs)
     max_micro_batches: int = 128
+    strategy: str = ""  # data-parallel | zero2 | zero3 | megatron:dp=..,tp=..,pp=..
 
     def run(self, ctx: CompileContext) -> None:
         module, cluster = ctx.module, ctx.cluster
         split = module.analyses.get("step")
+        if self.strategy in ("data-parallel", "zero2", "zero3"):
+            mesh = LogicalMesh.parse(self.mesh, range(cluster.num_devices)) if self.mesh else \
+                LogicalMesh((cluster.num_devices,), tuple(range(cluster.num_devices)))
+            stage = self.whole(ctx, mesh)
+            stage.allow = rule(self.strategy, roles_of_step(module, split), mesh.shape)
+            module.analyses["stages"] = [stage]
+            ctx.plan["strategy"] = self.strategy
+            return
+        if self.strategy and not self.strategy.startswith("megatron"):
+            rule(self.strategy, None, ())  # says what is expected
         if self.mesh:
             mesh = LogicalMesh.parse(self.mesh, range(cluster.num_devices))
             module.analyses["stages"] = [self.whole(ctx, mesh)]
@@ -74,6 +86,16 @@ class StageConstructionPass(Pass):
         layers = LayerModules(module, split, layer_of, num_layers, reference)
         submeshes = submesh_shapes(cluster.nodes, cluster.devices_per_node)
         configs = [logical_shapes(sm) for sm in submeshes]
+        forced = None
+        if self.strategy.startswith("megatron"):
+            dp, tp, pp = parse_megatron(self.strategy, cluster.num_devices)
+            forced = (dp, tp, pp)
+            want = (dp, tp) if tp > 1 else (dp,)
+            configs = [[c for c in cs if tuple(c) == want] for cs in configs]
+            if num_layers % pp:
+                raise UserError(f"strategy {self.strategy}: {num_layers} layers do not split "
+                                f"into {pp} equal stages (--layers sets the number)")
+            ctx.plan["strategy"] = self.strategy
         distinct = sorted({h for _, h in layers.layers})
         first_of = {h: next(k for k, (_, hh) in enumerate(layers.layers) if hh == h)
                     for h in distinct}
@@ -83,8 +105,10 @@ class StageConstructionPass(Pass):
             for m, sm in enumerate(submeshes):
                 devices = range(sm[0] * sm[1])
                 for c, shape in enumerate(configs[m]):
-                    tasks.append((stage, LogicalMesh(tuple(shape), tuple(devices)), cluster,
-                                  self.layer_time_limit))
+                    mesh = LogicalMesh(tuple(shape), tuple(devices))
+                    fixed = rule("megatron", roles_of_stage(stage, layers.graph), mesh.shape) \
+                        if forced else None
+                    tasks.append((stage, mesh, cluster, self.layer_time_limit, None, fixed))
                     keys.append((h, m, c))
         results = solve_all(tasks, self.jobs or None)
         solved = {k: r[0] for k, r in zip(keys, results)}
@@ -95,8 +119,8 @@ class StageConstructionPass(Pass):
         if second != reference:
             layers2 = LayerModules(module, split, layer_of, num_layers, second)
             tasks2 = [(layers2.layers[first_of[h]][0], mesh, cluster, self.layer_time_limit,
-                       chosen[(h, m, c)]) for (stage, mesh, cluster, _), (h, m, c)
-                      in zip(tasks, keys)]
+                       chosen[(h, m, c)], fixed) for (stage, mesh, cluster, _, _, fixed),
+                      (h, m, c) in zip(tasks, keys)]
             again = {k: r[0] for k, r in zip(keys, solve_all(tasks2, self.jobs or None))}
         ctx.stats["stage_dp"] = {"layers": num_layers, "distinct_layers": len(distinct),
                                  "layer_ilps": len(tasks), "reference_micro_batches": reference}
@@ -114,6 +138,9 @@ class StageConstructionPass(Pass):
                              budget)
 
         pinned = _parse_ranges(self.stages, num_layers) if self.stages else None
+        if forced:
+            size = num_layers // forced[2]
+            pinned = [(k * size, (k + 1) * size - 1) for k in range(forced[2])]
         try:
             plan = stage_dp(num_layers, submeshes, configs, cluster.nodes,
                             cluster.devices_per_node, candidates, stage_cost,
@@ -150,8 +177,10 @@ class StageConstructionPass(Pass):
                     if sharding is not None:  # a node two layers disagree on stays free
                         hints[name] = sharding if hints.get(name, sharding) == sharding \
                             else None
+            allow = rule("megatron", roles_of_stage(sm, graph), mesh.shape) if forced else None
             stages.append(Stage(s, mesh, sm.module, (st.first_layer, st.last_layer),
-                                submeshes[st.submesh], pipeline_stage=sm, hints=hints))
+                                submeshes[st.submesh], pipeline_stage=sm, hints=hints,
+                                allow=allow))
         return stages
 
     def cluster(self, split, costs) -> tuple[dict[str, int], int]:

@@ -1,0 +1,164 @@
+"""Fixed strategies as filters on the sharding ILP's choices, priced by the same cost model.
+
+A rule sees each source instruction's candidate strategy and says whether it may be chosen:
+
+- data-parallel: batch inputs split over every mesh axis on their batch dimension, weights and
+  optimizer state replicated;
+- zero2: data parallel, the optimizer state split over every mesh axis (the ILP then
+  reduce-scatters gradients and all-gathers the updated weights, ZeRO stage 2);
+- zero3: zero2 with the weights stored split too (gathered where they are used);
+- megatron: batch inputs split over the first axis (data parallel), weight matrices split
+  over the last axis on one of their dimensions (tensor parallel), vectors replicated.
+
+What counts as a weight and what as optimizer state comes from the step's structure: a state
+parameter the per-microbatch part reads is a weight; one only the update reads is optimizer
+state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from alpac.errors import UserError
+
+KINDS = ("data-parallel", "zero2", "zero3", "megatron")
+
+
+@dataclass(frozen=True)
+class Roles:
+    """Parameter names by what they hold."""
+
+    batch: dict[str, int]  # batch input -> batch dimension
+    weights: frozenset[str]
+    optimizer_state: frozenset[str]
+    example_dims: dict[str, int] | None = None  # per-example instruction -> its batch dim
+
+
+def roles_of_step(module, split) -> Roles:
+    """Roles of the entry parameters of a whole (unpipelined) step."""
+    batch_dims = {a.param: a.dim for a in split.batch.args}
+    per_microbatch = {id(x) for x in split.parts.get("microbatch", [])}
+    users = module.entry.users()
+    batch, weights, state = {}, set(), set()
+    for p in module.entry.parameters:
+        if p.parameter_number in batch_dims:
+            batch[p.name] = batch_dims[p.parameter_number]
+        elif any(id(u) in per_microbatch for u in users[p]):
+            weights.add(p.name)
+        else:
+            state.add(p.name)
+    example = {}
+    for x in module.entry.instructions:
+        c = split.cls(x)
+        if getattr(c, "kind", None) == "S":
+            example[x.name] = c.dim
+    return Roles(batch, frozenset(weights), frozenset(state), example)
+
+
+def roles_of_stage(stage_module, graph) -> Roles:
+    """Roles of the parameters of one pipeline stage's module."""
+    entry = stage_module.module.entry
+    users = entry.users()
+    batch, weights, state = {}, set(), set()
+    for p in entry.parameters:
+        value = stage_module.param_values[p.parameter_number]
+        if value.endswith(".mb"):
+            dim = next((d for v, _, d in graph.param_values.values() if v == value), None)
+            if dim is not None:
+                batch[p.name] = dim
+            continue
+        if not value.startswith("arg"):
+            continue
+        readers = {stage_module.role.get(u.name) for u in users[p]}
+        (weights if readers & {"forward", "backward"} else state).add(p.name)
+    return Roles(batch, frozenset(weights), frozenset(state))
+
+
+def rule(kind: str, roles: Roles, mesh_shape):
+    """allow(instr, leaf index, strategy) for `kind` (see the module docstring)."""
+    if kind not in KINDS:
+        raise UserError(f"unknown strategy '{kind}'; expected one of {', '.join(KINDS)} "
+                        f"(megatron as megatron:dp=..,tp=..,pp=..)")
+    axes = tuple(a for a, n in enumerate(mesh_shape) if n > 1)
+    total = 1
+    for a in axes:
+        total *= mesh_shape[a]
+
+    def split_everywhere(s, shape) -> bool:
+        return s.num_tiles(mesh_shape) == _most_tiles(shape.dims, mesh_shape)
+
+    def allow(instr, idx, strategy) -> bool:
+        if idx != ():
+            return True
+        s = strategy.outputs[0]
+        name = instr.name
+        if instr.opcode != "parameter":
+            # data parallelism keeps every per-example value split on its batch dimension
+            dim = (roles.example_dims or {}).get(name)
+            if dim is None or kind == "megatron" or instr.shape.is_tuple:
+                return True
+            n = instr.shape.dims[dim] if dim < instr.shape.rank else 0
+            return n % total != 0 or s.dim_axes[dim] == axes
+        if name in roles.batch:
+            dim = roles.batch[name]
+            want_axes = axes[:1] if kind == "megatron" else axes
+            return s.dim_axes == tuple(want_axes if d == dim else ()
+                                       for d in range(instr.shape.rank))
+        if kind == "megatron":
+            if name in roles.weights and instr.shape.rank >= 2 and axes:
+                tp = axes[-1:]
+                return sorted(s.used_axes) == list(tp) and \
+                    sum(1 for a in s.dim_axes if a) == 1
+            return s.is_replicated
+        sharded = name in roles.optimizer_state and kind in ("zero2", "zero3") or \
+            name in roles.weights and kind == "zero3"
+        if sharded:
+            return split_everywhere(s, instr.shape)
+        return s.is_replicated
+
+    return allow
+
+
+def update_rule(roles: Roles, mesh_shape, zero: int):
+    """The reduce-scatter rewrite's filter: optimizer state (and with zero=3 the weights) split
+    as many ways as the mesh allows; everything else as the ILP likes."""
+    keep_split = set(roles.optimizer_state) | (set(roles.weights) if zero == 3 else set())
+
+    def allow(instr, idx, strategy) -> bool:
+        if instr.opcode != "parameter" or idx != () or instr.name not in keep_split:
+            return True
+        return strategy.outputs[0].num_tiles(mesh_shape) == _most_tiles(instr.shape.dims,
+                                                                         mesh_shape)
+
+    return allow
+
+
+def both(first, second):
+    """Both filters (either may be None)."""
+    if first is None or second is None:
+        return first or second
+    return lambda instr, idx, strategy: first(instr, idx, strategy) and \
+        second(instr, idx, strategy)
+
+
+def _most_tiles(dims, mesh_shape) -> int:
+    """The most ways an array of these dims can be split on this mesh (evenly)."""
+    from alpac.autoshard.space import array_shardings
+    return max((s.num_tiles(mesh_shape) for s in array_shardings(tuple(dims), tuple(mesh_shape))),
+               default=1)
+
+
+def parse_megatron(text: str, num_devices: int) -> tuple[int, int, int]:
+    """`megatron:dp=2,tp=4,pp=2` -> (dp, tp, pp), checked against the device count."""
+    values = {}
+    try:
+        for part in text.split(":", 1)[1].split(","):
+            key, _, value = part.partition("=")
+            values[key.strip()] = int(value)
+    except (IndexError, ValueError):
+        raise UserError(f"strategy '{text}' should look like megatron:dp=2,tp=4,pp=1") from None
+    dp, tp, pp = values.get("dp", 1), values.get("tp", 1), values.get("pp", 1)
+    if dp * tp * pp != num_devices:
+        raise UserError(f"strategy '{text}': dp·tp·pp = {dp * tp * pp}, the cluster has "
+                        f"{num_devices} devices")
+    return dp, tp, pp

@@ -122,9 +122,10 @@ def list_passes() -> None:
               "all cores).")
 @click.option("--strategy", help="A fixed strategy priced by the same model: data-parallel, "
               "zero2, zero3 or megatron:dp=..,tp=..,pp=..")
-@click.option("--zero", type=click.Choice(["2", "3"]), default="2", show_default=True,
-              help="Weight-update sharding after the ILP: 2 shards optimizer state "
-              "(reduce-scatter + all-gather), 3 also stores the weights sharded.")
+@click.option("--zero", type=click.Choice(["auto", "2", "3"]), default="auto", show_default=True,
+              help="Weight-update sharding after the ILP (reduce-scatter + all-gather): auto "
+              "splits the optimizer state of each chain where that is no slower, 2 of every "
+              "chain, 3 also stores the weights split.")
 @click.option("--no-reduce-scatter", is_flag=True, help="Keep the weight update as the ILP "
               "chose it (skip the reduce-scatter pass).")
 def compile(model: Path, cluster_path: Path | None, out_dir: Path, passes_spec: str | None,

@@ -40,12 +40,37 @@ def render(plan: dict, plan_dir: Path, console: Console, pattern: str | None,
                   f"{plan['num_micro_batches']} microbatch(es)")
     console.print(f"  estimated iteration {_seconds(est.get('iteration_time_s', 0))}, peak "
                   f"{_si(est.get('peak_memory_bytes', 0))}B per device")
+    updates = {r["stage"]: r for r in plan.get("reduce_scatter") or []}
     for stage in plan["stages"]:
-        render_stage(stage, plan_dir, console, pattern, limit)
+        render_stage(stage, plan_dir, console, pattern, limit, updates.get(stage["index"]))
+
+
+def _weight_update(entry: dict, console: Console) -> None:
+    """What the reduce-scatter rewrite did to this stage's weight update."""
+    if not entry.get("rewritten"):
+        console.print("weight update: not rewritten"
+                      + ("" if entry["optimizer_state_params"] else " (no optimizer state)"))
+        return
+    verb = "rewritten" if entry["applied"] else \
+        "as the ILP chose it" if entry.get("already_split") == len(entry["rewritten"]) else \
+        "not rewritten (slower)"
+    console.print(f"weight update {verb} (zero={entry['zero']}): {len(entry['rewritten'])} of "
+                  f"{entry['optimizer_state_params']} optimizer-state parameters split "
+                  f"({entry.get('already_split', 0)} before)"
+                  + (f"; time {_seconds(entry['time_before_s'])} -> "
+                     f"{_seconds(entry['time_after_s'])}, peak "
+                     f"{_si(entry['peak_memory_before_bytes'])}B -> "
+                     f"{_si(entry['peak_memory_after_bytes'])}B per device"
+                     if "time_after_s" in entry else "")
+                  + (f"; gradients accumulated {entry['accumulation']}"
+                     if entry["accumulation"] != "none" else ""))
+    names = entry["rewritten"]
+    more = f", and {len(names) - 6} more (explain --json lists all)" if len(names) > 6 else ""
+    console.print("  split: " + ", ".join(names[:6]) + more, overflow="fold")
 
 
 def render_stage(stage: dict, plan_dir: Path, console: Console, pattern: str | None,
-                 limit: int) -> None:
+                 limit: int, update: dict | None = None) -> None:
     mesh = stage["mesh"]
     ilp = stage["ilp"]
     e = stage["estimate"]
@@ -73,6 +98,8 @@ def render_stage(stage: dict, plan_dir: Path, console: Console, pattern: str | N
         for kind, c in stage["collectives"].items():
             table.add_row(kind, str(c["count"]), f"{_si(c['bytes'])}B", _seconds(c["seconds"]))
         console.print(table)
+    if update is not None:
+        _weight_update(update, console)
     rows = decisions(plan_dir, stage)
     if pattern:
         rx = re.compile(pattern)

@@ -119,16 +119,24 @@ def rule(kind: str, roles: Roles, mesh_shape):
     return allow
 
 
-def update_rule(roles: Roles, mesh_shape, zero: int):
-    """The reduce-scatter rewrite's filter: optimizer state (and with zero=3 the weights) split
-    as many ways as the mesh allows; everything else as the ILP likes."""
-    keep_split = set(roles.optimizer_state) | (set(roles.weights) if zero == 3 else set())
+def update_rule(roles: Roles, mesh_shape, zero: str, base=None):
+    """The reduce-scatter rewrite's filter on top of `base` (a plan's own filter, or None).
+    zero="auto": each optimizer-state parameter either as `base` allows or split as many ways
+    as the mesh allows, so the ILP rewrites exactly the chains where that is no slower;
+    "2": every optimizer-state parameter split (ZeRO-2); "3": the weights too (ZeRO-3)."""
+    forced = set(roles.optimizer_state) if zero in ("2", "3") else set()
+    if zero == "3":
+        forced |= set(roles.weights)
+    optional = set(roles.optimizer_state) - forced
 
     def allow(instr, idx, strategy) -> bool:
-        if instr.opcode != "parameter" or idx != () or instr.name not in keep_split:
-            return True
-        return strategy.outputs[0].num_tiles(mesh_shape) == _most_tiles(instr.shape.dims,
-                                                                         mesh_shape)
+        name = instr.name
+        if instr.opcode == "parameter" and idx == () and (name in forced or name in optional):
+            split = strategy.outputs[0].num_tiles(mesh_shape) == \
+                _most_tiles(instr.shape.dims, mesh_shape)
+            if split or name in forced:
+                return split
+        return base is None or base(instr, idx, strategy)
 
     return allow
 

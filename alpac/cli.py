@@ -154,8 +154,8 @@ def compile(model: Path, cluster_path: Path | None, out_dir: Path, passes_spec: 
         skip_pass = skip_pass + ("reduce-scatter",)
     if mesh:
         options["stage-construction"]["mesh"] = mesh
-    if memory_budget:
-        options["intra-op-sharding"]["memory_budget"] = memory_budget
+    from alpac.cluster import parse_size
+    budget = parse_size(memory_budget, "--memory-budget") if memory_budget else None
     if time_limit is not None:
         options["intra-op-sharding"]["time_limit"] = str(time_limit)
     pipeline = build_pipeline(passes_spec, skip_pass, options)
@@ -168,7 +168,8 @@ def compile(model: Path, cluster_path: Path | None, out_dir: Path, passes_spec: 
 
         ctx, path = compile_model(model, cluster, pipeline, out_dir,
                                   dump_after=frozenset(dump_after), on_start=on_start,
-                                  on_end=lambda p, dt: progress.advance(task))
+                                  on_end=lambda p, dt: progress.advance(task),
+                                  memory_budget=budget)
     console = Console(highlight=False)
     console.print(f"plan written to {path} ({len(ctx.ran)} passes)")
     if timings:

@@ -29,12 +29,18 @@ class CompileContext:
 
     model_path: Path
     cluster: Any  # alpac.cluster.Cluster
+    memory_budget_bytes: float | None = None  # what a plan must fit per device (--memory-budget)
     module: Module | None = None
     plan: dict = field(default_factory=dict)  # filled by the passes, written by the driver
     artifacts: dict[str, str] = field(default_factory=dict)  # plan-relative path -> text
     stats: dict = field(default_factory=dict)  # run-dependent figures (solve times, ...)
     timings: dict[str, float] = field(default_factory=dict)
     ran: list[str] = field(default_factory=list)
+
+    @property
+    def budget(self) -> float:
+        """Bytes per device every stage must fit: --memory-budget, else the device memory."""
+        return self.memory_budget_bytes or float(self.cluster.device.memory)
 
 
 @dataclass

@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from alpac.autoshard import auto_shard
-from alpac.cluster import parse_size
 from alpac.errors import UserError
 from alpac.ilp import Infeasible
 from alpac.passmanager import CompileContext, Pass
@@ -19,13 +18,11 @@ class IntraOpShardingPass(Pass):
     description = "solve the sharding ILP (SCIP) of every stage on its logical mesh"
     requires = ("stages",)
     provides = ("sharded",)
-    memory_budget: str = ""  # bytes per device (e.g. 12GiB); default: the device's memory
     time_limit: float = 60.0  # seconds per stage
     gap: float = 1e-4  # relative optimality gap at which SCIP may stop
 
     def run(self, ctx: CompileContext) -> None:
-        budget = parse_size(self.memory_budget, "--memory-budget") if self.memory_budget \
-            else ctx.cluster.device.memory
+        budget = ctx.budget
         for stage in ctx.module.analyses["stages"]:
             repeats = stage.pipeline_stage.repeats if stage.pipeline_stage else None
             stage.allow = both(stage.allow, _keep_to(stage.hints))

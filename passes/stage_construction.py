@@ -125,7 +125,7 @@ class StageConstructionPass(Pass):
         ctx.stats["stage_dp"] = {"layers": num_layers, "distinct_layers": len(distinct),
                                  "layer_ilps": len(tasks), "reference_micro_batches": reference}
         hashes = [h for _, h in layers.layers]
-        budget = float(cluster.device.memory)
+        budget = ctx.budget
 
         def stage_cost(first, last, m, c, B):
             total = None
@@ -148,8 +148,8 @@ class StageConstructionPass(Pass):
         except NoFeasiblePlan as e:
             need = f"{e.min_memory:,.0f} bytes" if e.min_memory is not None else "more"
             raise UserError(f"the model does not fit on cluster '{cluster.name}': the smallest "
-                            f"memory per device alpac can reach is {need}, the devices have "
-                            f"{cluster.device.memory:,.0f}") from None
+                            f"memory per device alpac can reach is {need}, the budget is "
+                            f"{budget:,.0f} bytes") from None
         B = plan.num_micro_batches
         ctx.plan["num_micro_batches"] = B
         ctx.plan["pipeline"] = {

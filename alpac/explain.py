@@ -40,9 +40,41 @@ def render(plan: dict, plan_dir: Path, console: Console, pattern: str | None,
                   f"{plan['num_micro_batches']} microbatch(es)")
     console.print(f"  estimated iteration {_seconds(est.get('iteration_time_s', 0))}, peak "
                   f"{_si(est.get('peak_memory_bytes', 0))}B per device")
+    if len(plan["stages"]) > 1:
+        _pipeline_picture(plan, console)
     updates = {r["stage"]: r for r in plan.get("reduce_scatter") or []}
     for stage in plan["stages"]:
         render_stage(stage, plan_dir, console, pattern, limit, updates.get(stage["index"]))
+
+
+def _pipeline_picture(plan: dict, console: Console) -> None:
+    """The schedule as a timeline: a row per stage, a cell per task (F/B and the microbatch),
+    in unit ticks; the real lengths are the stage times printed next to each row."""
+    from alpac.schedule import timeline
+    program = plan.get("program", {})
+    kind = program.get("schedule", "1f1b")
+    S, B = len(plan["stages"]), plan["num_micro_batches"]
+    shown = min(B, 12)
+    backward = any(m.get("role") == "backward" for m in program.get("modules", []))
+    ticks = timeline(S, shown, kind, backward)
+    est = plan.get("estimate", {})
+    console.print(f"pipeline ({kind}, {B} microbatches"
+                  + (f", first {shown} shown" if shown < B else "")
+                  + f"; bubble {est.get('bubble_fraction', 0):.1%}, "
+                  f"{_si(est.get('bytes_between_meshes', 0))}B between meshes per step):")
+    for s, stage in enumerate(plan["stages"]):
+        cells = []
+        for row in ticks:
+            task = row[s]
+            if task is None:
+                cells.append("[dim]·[/]")
+            else:
+                what, m = task
+                color = "cyan" if what == "forward" else "magenta"
+                cells.append(f"[{color}]{'FB'[what == 'backward']}{m % 10}[/]")
+        console.print(f"  stage {s} │" + "".join(c if "·" not in c else c + " "
+                                               for c in cells)
+                      + f"│ {_seconds(stage['estimate']['time_per_microbatch_s'])}/mb")
 
 
 def _weight_update(entry: dict, console: Console) -> None:

@@ -127,12 +127,26 @@ def stage_figures(stage: "pl.StageModule", result) -> LayerCost:
     seconds = result.seconds_by(lambda name: role.get(name, "shared"))
     per_step = sum(v for k, v in seconds.items() if k in ("forward", "backward", "shared"))
     activation_names = _activations(stage)
-    memory = result.bytes_by(lambda name: "activation" if name in activation_names else
-                             "static" if role.get(name) in ("apply", None) else None)
-    params = sum(_param_bytes(result, p) for p in result.graph.module.entry.parameters
+    parameters = result.graph.module.entry.parameters
+    per_value = result.bytes_by(lambda name: name)
+    activation = sum(v for k, v in per_value.items() if k in activation_names)
+    # XLA fuses the elementwise chains of the forward, backward and update into loops that
+    # write their results in place, so beyond the parameters and the kept activations a
+    # stage holds about one temporary at a time: the largest value it computes
+    others = {p.name for p in parameters} | activation_names
+    transient = max((v for k, v in per_value.items() if k not in others), default=0.0)
+    params = sum(_param_bytes(result, p) for p in parameters
                  if stage.scope.get(stage.param_values[p.parameter_number]) == "step")
-    return LayerCost(per_step / B, seconds.get("apply", 0.0),
-                     params + memory.get("static", 0.0), memory.get("activation", 0.0))
+    return LayerCost(per_step / B, seconds.get("apply", 0.0), params + transient, activation)
+
+
+def pipelined_peak(stage: "pl.StageModule", result, num_stages: int, index: int,
+                   num_micro_batches: int) -> tuple[LayerCost, int, float]:
+    """The stage's figures, the microbatches it holds under 1F1B, and its peak bytes per
+    device: what the stage DP assumed and the plan reports."""
+    figures = stage_figures(stage, result)
+    in_flight = min(num_stages - index, num_micro_batches)
+    return figures, in_flight, figures.static_bytes + in_flight * figures.activation_bytes
 
 
 def _activations(stage) -> set[str]:

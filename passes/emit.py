@@ -9,7 +9,7 @@ from alpac.hlo import print_module
 from alpac.passmanager import CompileContext, Pass
 from alpac.pipeline import assemble, role_modules
 from alpac.program import single_stage_program
-from alpac.stage_costs import stage_figures
+from alpac.stage_costs import pipelined_peak
 
 
 @dataclass
@@ -80,9 +80,8 @@ class EmitPass(Pass):
         S = len(stages)
         times, applies, peaks = [], [], []
         for s, (stage, entry) in enumerate(zip(stages, entries)):
-            figures = stage_figures(stage.pipeline_stage, stage.sharding)
-            in_flight = min(S - s, B)
-            peak = figures.static_bytes + in_flight * figures.activation_bytes
+            figures, in_flight, peak = pipelined_peak(stage.pipeline_stage, stage.sharding,
+                                                      S, s, B)
             entry["estimate"].update({
                 "time_per_microbatch_s": figures.t, "apply_s": figures.apply,
                 "static_bytes": figures.static_bytes,

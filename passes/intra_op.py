@@ -9,6 +9,7 @@ from alpac.autoshard import auto_shard
 from alpac.errors import UserError
 from alpac.ilp import Infeasible
 from alpac.passmanager import CompileContext, Pass
+from alpac.stage_costs import pipelined_peak
 from alpac.strategy_rules import both
 
 
@@ -23,11 +24,13 @@ class IntraOpShardingPass(Pass):
 
     def run(self, ctx: CompileContext) -> None:
         budget = ctx.budget
-        for stage in ctx.module.analyses["stages"]:
+        stages = ctx.module.analyses["stages"]
+        for stage in stages:
             repeats = stage.pipeline_stage.repeats if stage.pipeline_stage else None
             stage.allow = both(stage.allow, _keep_to(stage.hints))
             stage.sharding = shard_within(stage.module, stage.mesh, ctx.cluster, budget,
-                                          self.time_limit, self.gap, repeats, stage.allow)
+                                          self.time_limit, self.gap, repeats, stage.allow,
+                                          peak_of(ctx, stage, len(stages)))
         ctx.plan["memory_budget_bytes"] = budget
         ctx.module.analyses["sharded"] = True
 
@@ -44,13 +47,25 @@ def _keep_to(hints):
     return allow
 
 
+def peak_of(ctx: CompileContext, stage, num_stages: int):
+    """How a stage's peak memory is judged: a pipeline stage's as the stage DP priced it
+    (parameters, one temporary, the activations of its microbatches in flight), a whole
+    program's by the ILP's own liveness schedule (None)."""
+    if stage.pipeline_stage is None:
+        return None
+    B = ctx.plan["num_micro_batches"]
+    return lambda result: pipelined_peak(stage.pipeline_stage, result, num_stages,
+                                         stage.index, B)[2]
+
+
 def shard_within(module, mesh, cluster, budget: float, time_limit: float, gap: float,
-                 repeats=None, allow=None):
+                 repeats=None, allow=None, peak=None):
     """Solve without the memory constraint (its reductions are stronger); only when that plan
-    does not fit, solve again under the budget."""
+    does not fit (by `peak(result)`, default the ILP's liveness peak), solve again under the
+    budget."""
     result = auto_shard(module, mesh, cluster, time_limit=time_limit, gap_limit=gap,
                         repeats=repeats, allow=allow)
-    if result.solution.peak_memory <= budget:
+    if (peak(result) if peak else result.solution.peak_memory) <= budget:
         result.budget = budget
         return result
     try:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from alpac.passmanager import CompileContext, Pass
 from alpac.strategy_rules import roles_of_stage, roles_of_step, rule, update_rule
-from passes.intra_op import shard_within
+from passes.intra_op import peak_of, shard_within
 
 
 @dataclass
@@ -66,20 +66,23 @@ class ReduceScatterPass(Pass):
                 report.append(entry)
                 continue
             allow = update_rule(roles, stage.mesh.shape, zero, base)
+            peak = peak_of(ctx, stage, len(module.analyses["stages"]))
             after = shard_within(stage.module, stage.mesh, ctx.cluster, before.budget,
-                                 self.time_limit, 1e-4, repeats, allow)
+                                 self.time_limit, 1e-4, repeats, allow, peak)
             old, new = before.solution, after.solution
+            peak = peak or (lambda result: result.solution.peak_memory)
+            peak_before, peak_after = peak(before), peak(after)
             chains = _split_parameters(after, names)
             entry.update({"time_before_s": old.objective, "time_after_s": new.objective,
-                          "peak_memory_before_bytes": old.peak_memory,
-                          "peak_memory_after_bytes": new.peak_memory,
+                          "peak_memory_before_bytes": peak_before,
+                          "peak_memory_after_bytes": peak_after,
                           "rewritten": chains})
             gained = len(chains) > entry["already_split"]
             if gained and (zero != "auto" or new.objective <= old.objective * (1 + 1e-6)):
                 stage.sharding = after
                 stage.allow = allow
                 entry["applied"] = True
-                entry["memory_saved_bytes"] = old.peak_memory - new.peak_memory
+                entry["memory_saved_bytes"] = peak_before - peak_after
             report.append(entry)
         ctx.plan["reduce_scatter"] = report
 

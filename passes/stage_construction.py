@@ -18,7 +18,8 @@ from alpac.mesh import LogicalMesh
 from alpac.passmanager import CompileContext, Pass
 from alpac.stage import Stage
 from alpac.stage_dp import NoFeasiblePlan, StageCost, stage_dp
-from alpac.strategy_rules import parse_megatron, roles_of_stage, roles_of_step, rule
+from alpac.strategy_rules import (parse_megatron, roles_of_stage, roles_of_step, rule,
+                                  update_rule)
 from alpac.submesh import logical_shapes, submesh_shapes
 
 
@@ -99,33 +100,54 @@ class StageConstructionPass(Pass):
         distinct = sorted({h for _, h in layers.layers})
         first_of = {h: next(k for k, (_, hh) in enumerate(layers.layers) if hh == h)
                     for h in distinct}
-        tasks, keys = [], []
-        for h in distinct:
-            stage = layers.layers[first_of[h]][0]
-            for m, sm in enumerate(submeshes):
-                devices = range(sm[0] * sm[1])
-                for c, shape in enumerate(configs[m]):
-                    mesh = LogicalMesh(tuple(shape), tuple(devices))
-                    fixed = rule("megatron", roles_of_stage(stage, layers.graph), mesh.shape) \
-                        if forced else None
-                    tasks.append((stage, mesh, cluster, self.layer_time_limit, None, fixed))
-                    keys.append((h, m, c))
-        results = solve_all(tasks, self.jobs or None)
+        hashes = [h for _, h in layers.layers]
+        budget = ctx.budget
+        # a config is a logical mesh shape and whether its weights and optimizer state are
+        # stored split (ZeRO-3: "lean", slower, for stages that do not fit otherwise)
+        options = [[(tuple(shape), False) for shape in cs] for cs in configs]
+
+        def layer_tasks(keys, B_layers, hint=None):
+            out = []
+            for h, m, c in keys:
+                stage = B_layers.layers[first_of[h]][0]
+                shape, lean = options[m][c]
+                mesh = LogicalMesh(shape, tuple(range(submeshes[m][0] * submeshes[m][1])))
+                roles = roles_of_stage(stage, B_layers.graph)
+                fixed = rule("megatron", roles, mesh.shape) if forced else None
+                if lean:
+                    fixed = update_rule(roles, mesh.shape, "3", fixed)
+                out.append((stage, mesh, cluster, self.layer_time_limit,
+                            hint[(h, m, c)] if hint else None, fixed))
+            return out
+
+        keys = [(h, m, c) for h in distinct for m in range(len(submeshes))
+                for c in range(len(options[m]))]
+        results = solve_all(layer_tasks(keys, layers), self.jobs or None)
         solved = {k: r[0] for k, r in zip(keys, results)}
         chosen = {k: r[1] for k, r in zip(keys, results)}
+        if not forced:  # lean variants of the configs on which the whole model would not fit
+            added = []
+            for m in range(len(submeshes)):
+                for c in range(len(options[m])):
+                    whole = sum(solved[(h, m, c)].static_bytes + solved[(h, m, c)]
+                                .activation_bytes for h in hashes)
+                    if whole > budget and submeshes[m][0] * submeshes[m][1] > 1:
+                        options[m].append((options[m][c][0], True))
+                        added += [(h, m, len(options[m]) - 1) for h in distinct]
+            results = solve_all(layer_tasks(added, layers), self.jobs or None)
+            solved.update({k: r[0] for k, r in zip(added, results)})
+            chosen.update({k: r[1] for k, r in zip(added, results)})
+            keys += added
         # the same shardings at a second microbatch count: what does and does not scale
         second = max(candidates) if max(candidates) != reference else min(candidates)
         again = {}
         if second != reference:
             layers2 = LayerModules(module, split, layer_of, num_layers, second)
-            tasks2 = [(layers2.layers[first_of[h]][0], mesh, cluster, self.layer_time_limit,
-                       chosen[(h, m, c)], fixed) for (stage, mesh, cluster, _, _, fixed),
-                      (h, m, c) in zip(tasks, keys)]
-            again = {k: r[0] for k, r in zip(keys, solve_all(tasks2, self.jobs or None))}
+            results = solve_all(layer_tasks(keys, layers2, chosen), self.jobs or None)
+            again = {k: r[0] for k, r in zip(keys, results)}
         ctx.stats["stage_dp"] = {"layers": num_layers, "distinct_layers": len(distinct),
-                                 "layer_ilps": len(tasks), "reference_micro_batches": reference}
-        hashes = [h for _, h in layers.layers]
-        budget = ctx.budget
+                                 "layer_ilps": len(keys) * (2 if again else 1),
+                                 "reference_micro_batches": reference}
 
         def stage_cost(first, last, m, c, B):
             total = None
@@ -142,7 +164,7 @@ class StageConstructionPass(Pass):
             size = num_layers // forced[2]
             pinned = [(k * size, (k + 1) * size - 1) for k in range(forced[2])]
         try:
-            plan = stage_dp(num_layers, submeshes, configs, cluster.nodes,
+            plan = stage_dp(num_layers, submeshes, options, cluster.nodes,
                             cluster.devices_per_node, candidates, stage_cost,
                             fixed_stages=pinned)
         except NoFeasiblePlan as e:
@@ -156,7 +178,7 @@ class StageConstructionPass(Pass):
             "layers": num_layers, "objective_s": plan.objective,
             "bubble_fraction": plan.bubble_fraction, "stage_times_s": list(plan.stage_times),
             "dp": {"calls": plan.stats.calls, "thresholds": plan.stats.thresholds}}
-        meshes = [LogicalMesh(tuple(configs[st.submesh][st.config]), tuple(st.devices))
+        meshes = [LogicalMesh(options[st.submesh][st.config][0], tuple(st.devices))
                   for st in plan.stages]
         stage_of_layer = [next(s for s, st in enumerate(plan.stages)
                                if st.first_layer <= layer <= st.last_layer)
@@ -177,7 +199,10 @@ class StageConstructionPass(Pass):
                     if sharding is not None:  # a node two layers disagree on stays free
                         hints[name] = sharding if hints.get(name, sharding) == sharding \
                             else None
-            allow = rule("megatron", roles_of_stage(sm, graph), mesh.shape) if forced else None
+            roles = roles_of_stage(sm, graph)
+            allow = rule("megatron", roles, mesh.shape) if forced else None
+            if options[st.submesh][st.config][1]:
+                allow = update_rule(roles, mesh.shape, "3", allow)
             stages.append(Stage(s, mesh, sm.module, (st.first_layer, st.last_layer),
                                 submeshes[st.submesh], pipeline_stage=sm, hints=hints,
                                 allow=allow))

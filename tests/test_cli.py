@@ -178,3 +178,19 @@ def test_failing_pass_is_named(tmp_path):
     assert result.returncode == 1
     assert "pass 'cost-analysis' failed" in result.stderr
     assert not (tmp_path / "plan").exists()
+
+
+def test_explain_pipelined_plan_draws_the_schedule(tmp_path):
+    plan = tmp_path / "plan"
+    done = run("compile", TESTDATA / "models" / "mlp_train.hlo", "--stages", "0-0,1-1",
+               "--micro-batches", "4", "-o", plan)
+    assert done.returncode == 0, done.stderr
+    shown = run("explain", plan, "--limit", "3")
+    assert shown.returncode == 0, shown.stderr
+    rows = [line for line in shown.stdout.splitlines() if line.startswith("  stage ")]
+    assert len(rows) == 2  # one timeline row per stage, each with 4 forwards and 4 backwards
+    for row in rows:
+        cells = row.split("│")[1]
+        assert [cells.count(f"F{m}") for m in range(4)] == [1] * 4
+        assert [cells.count(f"B{m}") for m in range(4)] == [1] * 4
+    assert "weight update" in shown.stdout

@@ -7,8 +7,9 @@ A rule sees each source instruction's candidate strategy and says whether it may
 - zero2: data parallel, the optimizer state split over every mesh axis (the ILP then
   reduce-scatters gradients and all-gathers the updated weights, ZeRO stage 2);
 - zero3: zero2 with the weights stored split too (gathered where they are used);
-- megatron: batch inputs split over the first axis (data parallel), weight matrices split
-  over the last axis on one of their dimensions (tensor parallel), vectors replicated.
+- megatron: batch inputs split over the first axis (data parallel), weight matrices and
+  their optimizer state split over the last axis on one of their dimensions (tensor
+  parallel), vectors replicated.
 
 What counts as a weight and what as optimizer state comes from the step's structure: a state
 parameter the per-microbatch part reads is a weight; one only the update reads is optimizer
@@ -105,7 +106,9 @@ def rule(kind: str, roles: Roles, mesh_shape):
             return s.dim_axes == tuple(want_axes if d == dim else ()
                                        for d in range(instr.shape.rank))
         if kind == "megatron":
-            if name in roles.weights and instr.shape.rank >= 2 and axes:
+            # weight matrices and their optimizer state split alike over the last axis
+            if (name in roles.weights or name in roles.optimizer_state) and \
+                    instr.shape.rank >= 2 and axes:
                 tp = axes[-1:]
                 return sorted(s.used_axes) == list(tp) and \
                     sum(1 for a in s.dim_axes if a) == 1

@@ -12,6 +12,9 @@ and the old plan is still one of its choices, so the step never gets slower. zer
 every optimizer-state parameter (ZeRO-2) and zero="3" the weights too (gathered where used),
 as asked, even where that costs time.
 
+Pipeline stages are priced by per-layer ILPs that may already split the optimizer state
+wherever that is no slower, so in auto mode their choice stands and the pass only reports it.
+
 With microbatches, each microbatch's gradient is reduced (scattered, when rewritten) before
 it is accumulated; accumulating unreduced partial sums and reducing once per step is not
 implemented, and the plan says so.
@@ -61,7 +64,10 @@ class ReduceScatterPass(Pass):
                 base = rule("data-parallel", roles, stage.mesh.shape)
             names = roles.optimizer_state | (roles.weights if zero == "3" else frozenset())
             entry["already_split"] = len(_split_parameters(before, names))
-            if entry["already_split"] == len(names):  # the ILP split them all itself
+            if entry["already_split"] == len(names) or (
+                    zero == "auto" and stage.pipeline_stage is not None):
+                # the ILP split them all itself, or the stage DP's layer ILPs, which were
+                # free to split the optimizer state, chose where it pays
                 entry["rewritten"] = _split_parameters(before, names)
                 report.append(entry)
                 continue

@@ -57,3 +57,27 @@ def test_a_model_that_cannot_fit_is_refused_with_the_smallest_memory(tmp_path):
     assert run.returncode == 2, run.stderr
     assert "smallest memory per device alpac can reach is" in run.stderr
     assert "Traceback" not in run.stderr and not (tmp_path / "plan").exists()
+
+
+def test_megatron_strategy_is_planned_as_asked_and_computes_the_same(tmp_path):
+    path = TESTDATA / "models" / "gpt_train.hlo"
+    options = {"stage-construction": {"strategy": "megatron:dp=2,tp=2,pp=2", "layers": "4"}}
+    _, out = compile_model(path, default_cluster(), build_pipeline(None, (), options),
+                           tmp_path / "plan")
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["strategy"] == "megatron:dp=2,tp=2,pp=2"
+    assert [s["mesh"]["logical_shape"] for s in plan["stages"]] == [[2, 2], [2, 2]]
+    assert [s["layers"] for s in plan["stages"]] == [[0, 1], [2, 3]]
+    for stage in plan["stages"]:  # weight matrices split over the tensor-parallel axis only
+        rows = json.loads((out / stage["decisions"]).read_text())
+        matrices = [r for r in rows if r["opcode"] == "parameter" and r["shape"].count(",") == 1
+                    and "mb" not in r["instruction"] and "S1" in r["sharding"]]
+        assert matrices and all("S0" not in r["sharding"] for r in matrices)
+    data = np.load(TESTDATA / "models" / "gpt_train.npz")
+    args = [data[f"arg{i}"] for i in range(sum(k.startswith("arg") for k in data.files))]
+    texts = {p.name: p.read_text() for p in out.glob("*.hlo")}
+    got = run_program(Program.from_dict(plan["program"]), texts, args)
+    want = run_hlo_single_device((out / "source.hlo").read_text(), args)
+    for g, w in zip(got, want):
+        scale = max(float(np.max(np.abs(w))), 1e-30) if w.size else 1.0
+        assert np.max(np.abs(g - w), initial=0.0) <= 1e-5 * scale

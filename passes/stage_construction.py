@@ -112,12 +112,9 @@ class StageConstructionPass(Pass):
                 stage = B_layers.layers[first_of[h]][0]
                 shape, lean = options[m][c]
                 mesh = LogicalMesh(shape, tuple(range(submeshes[m][0] * submeshes[m][1])))
-                roles = roles_of_stage(stage, B_layers.graph)
-                fixed = rule("megatron", roles, mesh.shape) if forced else None
-                if lean:
-                    fixed = update_rule(roles, mesh.shape, "3", fixed)
                 out.append((stage, mesh, cluster, self.layer_time_limit,
-                            hint[(h, m, c)] if hint else None, fixed))
+                            hint[(h, m, c)] if hint else None,
+                            _stage_rule(stage, B_layers.graph, mesh, forced is not None, lean)))
             return out
 
         keys = [(h, m, c) for h in distinct for m in range(len(submeshes))
@@ -199,10 +196,8 @@ class StageConstructionPass(Pass):
                     if sharding is not None:  # a node two layers disagree on stays free
                         hints[name] = sharding if hints.get(name, sharding) == sharding \
                             else None
-            roles = roles_of_stage(sm, graph)
-            allow = rule("megatron", roles, mesh.shape) if forced else None
-            if options[st.submesh][st.config][1]:
-                allow = update_rule(roles, mesh.shape, "3", allow)
+            allow = _stage_rule(sm, graph, mesh, forced is not None,
+                                options[st.submesh][st.config][1])
             stages.append(Stage(s, mesh, sm.module, (st.first_layer, st.last_layer),
                                 submeshes[st.submesh], pipeline_stage=sm, hints=hints,
                                 allow=allow))
@@ -226,6 +221,16 @@ class StageConstructionPass(Pass):
         backward_layer = split.backward_layers(forward_layer)
         layer_of = {x.name: layer for x, layer in {**forward_layer, **backward_layer}.items()}
         return layer_of, n
+
+
+def _stage_rule(stage_module, graph, mesh, megatron: bool, lean: bool):
+    """The ILP filter of a stage (or layer) module: Megatron's when that strategy is forced,
+    weights and optimizer state stored split when the option is lean, else None."""
+    if not megatron and not lean:
+        return None
+    roles = roles_of_stage(stage_module, graph)
+    allow = rule("megatron", roles, mesh.shape) if megatron else None
+    return update_rule(roles, mesh.shape, "3", allow) if lean else allow
 
 
 def _most_regular(forward, flops, heavy, edges):

@@ -3,7 +3,6 @@
 import itertools
 import math
 import random
-import time
 
 import pytest
 

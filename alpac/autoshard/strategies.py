@@ -405,7 +405,6 @@ def follow(instr: Instruction, index: int, s: Sharding, mesh_shape) -> Strategy:
         ins = (out, upd) + tuple(Sharding.replicated(0) for _ in ops[2:])
         return Strategy(str(out), (out,), ins, out.num_tiles(mesh_shape))
     if op in ("sort", "reduce-window", "select-and-scatter"):
-        n_arrays = sum(1 for o in ops if o.shape.rank == kept.rank)
         outs = tuple(kept for _ in leaf_shapes(instr))
         ins = tuple(kept if o.shape.rank == kept.rank else Sharding.replicated(o.shape.rank)
                     for o in ops)

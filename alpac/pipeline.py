@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from alpac.errors import UserError
-from alpac.hlo.extract import extract
+from alpac.hlo.extract import callee_order, extract
 from alpac.hlo.ir import Computation, Instruction, Module
 from alpac.hlo.shape import Shape
 from alpac.step.wiring import MicrobatchedStep
@@ -172,7 +172,7 @@ def step_graph(step: MicrobatchedStep, forward_names: set[str], layer_of: dict[s
     comp.append(Instruction(unique("step.outputs"), "tuple",
                             Shape.tuple_of(n.shape for n in keep), keep))
     comp.root = comp.instructions[-1]
-    module = Module("step", _callees(comp) + [comp], comp)
+    module = Module("step", callee_order(comp) + [comp], comp)
     graph = StepGraph(module, role, param_values, outputs, accumulators, list(aliases))
     graph.layer_of = {n: layer_of[n] for n in role if n in layer_of}
     return graph
@@ -181,21 +181,6 @@ def step_graph(step: MicrobatchedStep, forward_names: set[str], layer_of: dict[s
 def _elements(comp: Computation) -> list[Instruction]:
     root = comp.root
     return list(root.operands) if root.opcode == "tuple" else [root]
-
-
-def _callees(entry: Computation) -> list[Computation]:
-    order, seen = [], set()
-
-    def visit(comp):
-        for instr in comp.instructions:
-            for callee in instr.called_computations:
-                if id(callee) not in seen:
-                    seen.add(id(callee))
-                    visit(callee)
-                    order.append(callee)
-
-    visit(entry)
-    return order
 
 
 # ---- stages -------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ microbatch in flight.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 
 @dataclass
@@ -168,3 +169,21 @@ def single_stage_program(source, sharded, mesh, file: str) -> Program:
     return Program([MeshSpec(list(mesh.devices), list(mesh.shape))], values, inputs, outputs,
                    [module], aliases=[(list(a.output_index), a.parameter_number)
                                       for a in source.input_output_alias])
+
+
+def load_program(plan_dir) -> tuple[dict, dict, "Program", str]:
+    """The plan, its compile stats, its program and the path errors name (UserError when
+    the plan has no readable program)."""
+    from alpac.errors import UserError
+    from alpac.plan import load_plan
+    plan, stats = load_plan(Path(plan_dir))
+    where = str(Path(plan_dir) / "plan.json")
+    if "program" not in plan:
+        raise UserError("the plan has no program (alpac wrote it without one; recompile it)",
+                        path=where)
+    try:
+        program = Program.from_dict(plan["program"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise UserError(f"the plan's program is malformed: {type(e).__name__}: {e}",
+                        path=where) from None
+    return plan, stats, program, where

@@ -147,20 +147,10 @@ def find_mpiexec() -> str | None:
 def check_plan(opts) -> int:
     """The plan's device count (UserError if the plan cannot be run)."""
     from alpac.errors import UserError
-    from alpac.plan import load_plan
-    from alpac.program import Program
+    from alpac.program import load_program
     from runtime.timeline import build
     plan_dir = Path(opts.plan)
-    plan, _ = load_plan(plan_dir)
-    where = str(plan_dir / "plan.json")
-    if "program" not in plan:
-        raise UserError("the plan has no program (alpac wrote it without one; recompile it)",
-                        path=where)
-    try:
-        program = Program.from_dict(plan["program"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise UserError(f"the plan's program is malformed: {type(e).__name__}: {e}",
-                        path=where) from None
+    plan, _, program, where = load_program(plan_dir)
     build(program, opts.schedule, where)
     for m in program.modules:
         if not (plan_dir / m.file).is_file():

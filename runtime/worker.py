@@ -208,22 +208,12 @@ def _run(comm, opts: Options, platform: str) -> int:
 
 def _setup(comm, opts: Options):
     from alpac.errors import UserError
-    from alpac.plan import load_plan
-    from alpac.program import Program
+    from alpac.program import load_program
     from runtime.data import entry_parameters, load_inputs, program_parameters
     from runtime.timeline import build
 
     plan_dir = Path(opts.plan)
-    plan, stats = load_plan(plan_dir)
-    where = str(plan_dir / "plan.json")
-    if "program" not in plan:
-        raise UserError("the plan has no program (alpac wrote it without one; recompile it)",
-                        path=where)
-    try:
-        program = Program.from_dict(plan["program"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise UserError(f"the plan's program is malformed: {type(e).__name__}: {e}",
-                        path=where) from None
+    plan, stats, program, where = load_program(plan_dir)
     tl = build(program, opts.schedule, where)
     needed_devices = max(d for m in program.meshes for d in m.devices) + 1
     launched = comm.size * opts.devices_per_rank

@@ -53,7 +53,7 @@ def extract(name: str, members: list[Instruction], outputs: list[Instruction],
         root.attrs["sharding"] = "{" + ", ".join(_leaf_texts(o) for o in outs) + "}"
     comp.root = root
     module = Module(name, [], comp)
-    module.computations = _callee_order(comp) + [comp]
+    module.computations = callee_order(comp) + [comp]
     return module, params, outputs
 
 
@@ -81,7 +81,8 @@ def _copy_callee(comp: Computation, done: dict[int, Computation]) -> Computation
     return copy
 
 
-def _callee_order(entry: Computation) -> list[Computation]:
+def callee_order(entry: Computation) -> list[Computation]:
+    """The computations `entry` calls, transitively, each after its own callees."""
     order, seen = [], set()
 
     def visit(comp):

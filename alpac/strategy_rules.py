@@ -19,6 +19,7 @@ state.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 
 from alpac.errors import UserError
 
@@ -85,9 +86,6 @@ def rule(kind: str, roles: Roles, mesh_shape):
     for a in axes:
         total *= mesh_shape[a]
 
-    def split_everywhere(s, shape) -> bool:
-        return s.num_tiles(mesh_shape) == _most_tiles(shape.dims, mesh_shape)
-
     def allow(instr, idx, strategy) -> bool:
         if idx != ():
             return True
@@ -116,7 +114,7 @@ def rule(kind: str, roles: Roles, mesh_shape):
         sharded = name in roles.optimizer_state and kind in ("zero2", "zero3") or \
             name in roles.weights and kind == "zero3"
         if sharded:
-            return split_everywhere(s, instr.shape)
+            return _split_everywhere(s, instr.shape, mesh_shape)
         return s.is_replicated
 
     return allow
@@ -135,8 +133,7 @@ def update_rule(roles: Roles, mesh_shape, zero: str, base=None):
     def allow(instr, idx, strategy) -> bool:
         name = instr.name
         if instr.opcode == "parameter" and idx == () and (name in forced or name in optional):
-            split = strategy.outputs[0].num_tiles(mesh_shape) == \
-                _most_tiles(instr.shape.dims, mesh_shape)
+            split = _split_everywhere(strategy.outputs[0], instr.shape, mesh_shape)
             if split or name in forced:
                 return split
         return base is None or base(instr, idx, strategy)
@@ -152,6 +149,12 @@ def both(first, second):
         second(instr, idx, strategy)
 
 
+def _split_everywhere(sharding, shape, mesh_shape) -> bool:
+    """Split as many ways as an array of this shape can be on the mesh."""
+    return sharding.num_tiles(mesh_shape) == _most_tiles(tuple(shape.dims), tuple(mesh_shape))
+
+
+@cache  # asked for every strategy of every parameter the rules look at
 def _most_tiles(dims, mesh_shape) -> int:
     """The most ways an array of these dims can be split on this mesh (evenly)."""
     from alpac.autoshard.space import array_shardings

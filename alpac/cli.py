@@ -135,7 +135,8 @@ def compile(model: Path, cluster_path: Path | None, out_dir: Path, passes_spec: 
             stages_spec: str | None, jobs: int | None, strategy: str | None, zero: str,
             no_reduce_scatter: bool) -> None:
     """Compile MODEL into a plan directory."""
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn,
+                               TextColumn, TimeElapsedColumn)
 
     from alpac.cluster import default_cluster, load_cluster
     from alpac.compiler import build_pipeline, compile_model
@@ -159,17 +160,24 @@ def compile(model: Path, cluster_path: Path | None, out_dir: Path, passes_spec: 
     if time_limit is not None:
         options["intra-op-sharding"]["time_limit"] = str(time_limit)
     pipeline = build_pipeline(passes_spec, skip_pass, options)
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                  console=err_console, transient=True) as progress:
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                  MofNCompleteColumn(), TimeElapsedColumn(), console=err_console,
+                  transient=True) as progress:
         task = progress.add_task("compiling", total=len(pipeline))
+        steps = progress.add_task("", total=None, visible=False)  # ILP solves of a pass
 
         def on_start(p):
             progress.update(task, description=f"pass {p.name}: {p.description}")
+            progress.update(steps, visible=False)
+
+        def on_progress(what, done, total):
+            progress.update(steps, description=f"  {what}", completed=done, total=total,
+                            visible=True)
 
         ctx, path = compile_model(model, cluster, pipeline, out_dir,
                                   dump_after=frozenset(dump_after), on_start=on_start,
                                   on_end=lambda p, dt: progress.advance(task),
-                                  memory_budget=budget)
+                                  memory_budget=budget, on_progress=on_progress)
     console = Console(highlight=False)
     console.print(f"plan written to {path} ({len(ctx.ran)} passes)")
     if timings:

@@ -50,8 +50,9 @@ def build_pipeline(spec: str | None = None, skip: tuple[str, ...] = (),
 
 def compile_model(model_path: str | Path, cluster, pipeline: list[Pass], out_dir: str | Path,
                   *, dump_after: frozenset[str] = frozenset(), on_start=None, on_end=None,
-                  memory_budget: float | None = None) -> tuple[CompileContext, Path]:
-    ctx = CompileContext(Path(model_path), cluster, memory_budget)
+                  memory_budget: float | None = None,
+                  on_progress=None) -> tuple[CompileContext, Path]:
+    ctx = CompileContext(Path(model_path), cluster, memory_budget, on_progress=on_progress)
     dump_dir = Path(out_dir).with_name(Path(out_dir).name + ".dump")
     PassManager(pipeline, dump_after, dump_dir, on_start, on_end).run(ctx)
     plan = {

@@ -148,6 +148,10 @@ class _Reducer:
         self.tied = {u for u, _, _ in graph.ties} | {v for _, v, _ in graph.ties}
         self.use_memory = graph.budget is not None
         self.in_memory = {v for p in self.points for v, _ in p.terms} if self.use_memory else set()
+        self.term_at: dict[int, list[tuple[MemoryPoint, int]]] = {}  # node -> its memory terms
+        for p in self.points:
+            for j, (v, _) in enumerate(p.terms):
+                self.term_at.setdefault(v, []).append((p, j))
         self.alive = set(range(len(self.costs)))
         self.eliminated: list[tuple] = []
 
@@ -173,17 +177,14 @@ class _Reducer:
     def drop_dominated(self) -> bool:
         changed = False
         incident = self.incident()
-        memory_of: dict[int, list[np.ndarray]] = {}  # also without a budget: of two equally
-        for p in self.points:                         # fast strategies the smaller one stays
-            for v, m in p.terms:
-                memory_of.setdefault(v, []).append(m)
         for v in sorted(self.alive):
             if v in self.tied or len(self.costs[v]) <= 1:
                 continue
             columns = [self.costs[v][:, None]]
             columns += [self.edges[k] if side == 0 else self.edges[k].T
                         for k, side in incident[v]]
-            columns += [m[:, None] for m in memory_of.get(v, [])]
+            # memory also without a budget: of two equally fast strategies the smaller stays
+            columns += [p.terms[j][1][:, None] for p, j in self.term_at.get(v, ())]
             drop = _dominated(np.hstack(columns))
             if not drop.any():
                 continue
@@ -191,10 +192,15 @@ class _Reducer:
             self.keep[v], self.costs[v] = self.keep[v][mask], self.costs[v][mask]
             for k, side in incident[v]:
                 self.edges[k] = self.edges[k][mask] if side == 0 else self.edges[k][:, mask]
-            for p in self.points:
-                p.terms = [(w, m[mask] if w == v else m) for w, m in p.terms]
+            for p, j in self.term_at.get(v, ()):
+                p.terms[j] = (v, p.terms[j][1][mask])
             changed = True
         return changed
+
+    def _drop_edge(self, key: tuple[int, int], incident) -> None:
+        del self.edges[key]
+        incident[key[0]].remove((key, 0))
+        incident[key[1]].remove((key, 1))
 
     def eliminate(self) -> bool:
         changed = False
@@ -208,8 +214,6 @@ class _Reducer:
             # each neighbour edge as a matrix [S_v, S_other]
             mats = [(k[1 - side], self.edges[k] if side == 0 else self.edges[k].T, k)
                     for k, side in nbrs]
-            if any(other not in self.alive for other, _, _ in mats):
-                continue
             c = self.costs[v]
             if not mats:
                 best = int(np.argmin(c))
@@ -221,7 +225,7 @@ class _Reducer:
                 table = np.full(len(self.graph.node_costs[u]), -1)
                 table[self.keep[u]] = self.keep[v][best]
                 self.costs[u] = self.costs[u] + total[best, np.arange(total.shape[1])]
-                del self.edges[key]
+                self._drop_edge(key, incident)
                 self.eliminated.append((v, u, None, table))
             else:
                 (u, mu, ku), (w, mw, kw) = mats
@@ -233,13 +237,19 @@ class _Reducer:
                 table = np.full((len(self.graph.node_costs[u]), len(self.graph.node_costs[w])),
                                 -1)
                 table[np.ix_(self.keep[u], self.keep[w])] = self.keep[v][best]
-                del self.edges[ku], self.edges[kw]
+                self._drop_edge(ku, incident)
+                self._drop_edge(kw, incident)
                 key = (u, w) if u < w else (w, u)
                 merged = merged if u < w else merged.T
-                self.edges[key] = self.edges[key] + merged if key in self.edges else merged
+                if key in self.edges:
+                    self.edges[key] = self.edges[key] + merged
+                else:
+                    self.edges[key] = merged
+                    incident[key[0]].append((key, 0))
+                    incident[key[1]].append((key, 1))
                 self.eliminated.append((v, u, w, table))
             self.alive.discard(v)
-            incident = self.incident()
+            del incident[v]
             changed = True
         return changed
 

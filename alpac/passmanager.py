@@ -36,6 +36,12 @@ class CompileContext:
     stats: dict = field(default_factory=dict)  # run-dependent figures (solve times, ...)
     timings: dict[str, float] = field(default_factory=dict)
     ran: list[str] = field(default_factory=list)
+    on_progress: Callable[[str, int, int], None] | None = None  # (what, done, total)
+
+    def progress(self, what: str, done: int, total: int) -> None:
+        """Report the steps of a long pass (ILP solves) to whoever shows progress."""
+        if self.on_progress:
+            self.on_progress(what, done, total)
 
     @property
     def budget(self) -> float:

@@ -43,13 +43,6 @@ class StepGraph:
     aliases: list = field(default_factory=list)  # the source module's input_output_alias
     layer_of: dict[str, int] = field(default_factory=dict)
 
-    def param_name(self, parameter: int) -> str | None:
-        """The graph parameter that stands for entry parameter `parameter` (whole)."""
-        for name, (value, _, _) in self.param_values.items():
-            if value == f"arg{parameter}":
-                return name
-        return None
-
     def value_of(self, instr: Instruction) -> str:
         """The program value an instruction of this graph defines."""
         if instr.opcode == "parameter":
@@ -161,8 +154,9 @@ def step_graph(step: MicrobatchedStep, forward_names: set[str], layer_of: dict[s
     outputs = []
     root = step.epilogue.entry.root
     leaves = root.operands if root.opcode == "tuple" else [root]
+    source_of = dict(zip(step.epilogue.entry.parameters, step.epilogue_inputs))
     for k, x in enumerate(leaves):
-        src = dict(zip(step.epilogue.entry.parameters, step.epilogue_inputs)).get(x)
+        src = source_of.get(x)
         if src is not None and src.kind == "concatenated":
             node, dim = concatenated[src.index]
             outputs.append(([k], node, dim))
@@ -240,10 +234,12 @@ def assign_stages(graph: StepGraph, stage_of_layer: list[int]
             if reads:
                 located[x.name] = located[max(reads, key=lambda o: o.shape.byte_size).name]
     aliases = {tuple(a.output_index): a.parameter_number for a in graph.aliases}
+    param_of_value = {value: name for name, (value, _, _) in graph.param_values.items()}
     demand: dict[str, int] = {}
     for index, node, _ in graph.outputs:
         param = aliases.get(tuple(index))
-        home = param_stage.get(graph.param_name(param)) if param is not None else None
+        home = param_stage.get(param_of_value.get(f"arg{param}")) if param is not None \
+            else None
         stage = home if home is not None else located.get(node.name, 0)
         demand[node.name] = min(demand.get(node.name, stage), stage)
     for x in reversed(entry.instructions):

@@ -107,7 +107,7 @@ def layer_cost(stage: "pl.StageModule", mesh: LogicalMesh, cluster, time_limit: 
         allow = rule if allow is None else (lambda i, x, st, a=allow: a(i, x, st) and
                                             rule(i, x, st))
     result = auto_shard(stage.module, mesh, cluster, time_limit=time_limit, gap_limit=0.02,
-                        repeats=stage.repeats, allow=allow)
+                        repeats=stage.repeats, allow=allow, annotate=False)
     choice = result.solution.choice
     entry = result.graph.module.entry
     decided = {i.name: i for i in result.graph.plans if i.parent is entry}
@@ -178,16 +178,26 @@ def _solve_task(k: int):
     return layer_cost(*_TASKS[k])
 
 
-def solve_all(tasks: list, jobs: int | None) -> list:
+def solve_all(tasks: list, jobs: int | None, on_solved=None) -> list:
     """layer_cost for every (stage, mesh, cluster, time_limit[, hint[, rule]]), on `jobs`
-    processes (forked: the tasks, closures included, are inherited, not pickled)."""
+    processes (forked: the tasks, closures included, are inherited, not pickled);
+    `on_solved()` after each."""
     global _TASKS
     jobs = jobs or os.cpu_count() or 1
+    out = []
     if jobs <= 1 or len(tasks) <= 1:
-        return [layer_cost(*t) for t in tasks]
+        for t in tasks:
+            out.append(layer_cost(*t))
+            if on_solved:
+                on_solved()
+        return out
     _TASKS = tasks
     try:
         with ProcessPoolExecutor(jobs, mp_context=get_context("fork")) as pool:
-            return list(pool.map(_solve_task, range(len(tasks))))
+            for result in pool.map(_solve_task, range(len(tasks))):
+                out.append(result)
+                if on_solved:
+                    on_solved()
+        return out
     finally:
         _TASKS = []

@@ -85,6 +85,10 @@ def rule(kind: str, roles: Roles, mesh_shape):
     total = 1
     for a in axes:
         total *= mesh_shape[a]
+    # Megatron's mesh is (dp,) or (dp, tp): the batch over the first axis, weights over the
+    # second (an axis of size 1 splits nothing)
+    dp_axes = (0,) if mesh_shape and mesh_shape[0] > 1 else ()
+    tp_axes = (1,) if len(mesh_shape) == 2 and mesh_shape[1] > 1 else ()
 
     def allow(instr, idx, strategy) -> bool:
         if idx != ():
@@ -100,15 +104,14 @@ def rule(kind: str, roles: Roles, mesh_shape):
             return n % total != 0 or s.dim_axes[dim] == axes
         if name in roles.batch:
             dim = roles.batch[name]
-            want_axes = axes[:1] if kind == "megatron" else axes
+            want_axes = dp_axes if kind == "megatron" else axes
             return s.dim_axes == tuple(want_axes if d == dim else ()
                                        for d in range(instr.shape.rank))
         if kind == "megatron":
             # weight matrices and their optimizer state split alike over the last axis
             if (name in roles.weights or name in roles.optimizer_state) and \
-                    instr.shape.rank >= 2 and axes:
-                tp = axes[-1:]
-                return sorted(s.used_axes) == list(tp) and \
+                    instr.shape.rank >= 2 and tp_axes:
+                return tuple(sorted(s.used_axes)) == tp_axes and \
                     sum(1 for a in s.dim_axes if a) == 1
             return s.is_replicated
         sharded = name in roles.optimizer_state and kind in ("zero2", "zero3") or \

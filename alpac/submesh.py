@@ -52,9 +52,14 @@ def logical_shapes(submesh: tuple[int, int],
     - (dp, mp) with dp·mp = n and mp > 1: data parallel across the first axis, model
       parallel across the last. By default mp runs over the divisors of the submesh's devices
       per node, so that with the row-major device order of `place` every model-parallel
-      group sits inside one node; (1, n) is included when the submesh is within one node.
-      `max_model_parallel` = k instead allows every mp dividing n up to k (Alpa's "all" with
-      k = n), at the price of model-parallel groups that may cross nodes.
+      group sits inside one node. `max_model_parallel` = k instead allows every mp dividing n
+      up to k (Alpa's "all" with k = n), at the price of model-parallel groups that may cross
+      nodes.
+
+    Within one node every axis runs over the same links, so shapes that are the same up to
+    the order of their axes price every sharding the same: only (dp, mp) with dp ≥ mp is
+    kept there, and (1, n) — the same space as (n,) — is left out. `grid_shape` gives the
+    exact shape a forced dp × tp grid asks for.
     """
     rows, width = submesh
     n = rows * width
@@ -62,7 +67,18 @@ def logical_shapes(submesh: tuple[int, int],
         mps = [mp for mp in _divisors(width) if mp > 1]
     else:
         mps = [mp for mp in _divisors(n) if 1 < mp <= max_model_parallel]
+    if rows == 1:
+        mps = [mp for mp in mps if n // mp >= mp]
     return [(n,)] + [(n // mp, mp) for mp in mps]
+
+
+def grid_shape(submesh: tuple[int, int], dp: int, tp: int) -> tuple[int, ...] | None:
+    """The logical mesh (dp, tp) — or (dp,) when tp = 1 — on `submesh`, if it has dp·tp
+    devices and each tensor-parallel group fits inside one node; else None."""
+    rows, width = submesh
+    if rows * width != dp * tp or width % tp:
+        return None
+    return (dp, tp) if tp > 1 else (dp,)
 
 
 def place(submeshes: list[tuple[int, int]], nodes: int,

@@ -26,6 +26,8 @@ class IntraOpShardingPass(Pass):
         budget = ctx.budget
         stages = ctx.module.analyses["stages"]
         for stage in stages:
+            ctx.progress(f"stage ILPs (stage {stage.index} on {stage.mesh})", stage.index,
+                         len(stages))
             repeats = stage.pipeline_stage.repeats if stage.pipeline_stage else None
             stage.allow = both(stage.allow, _keep_to(stage.hints))
             stage.sharding = shard_within(stage.module, stage.mesh, ctx.cluster, budget,

@@ -10,6 +10,7 @@ stage with B = 1, and the plan says why.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from alpac.errors import UserError
@@ -20,7 +21,7 @@ from alpac.stage import Stage
 from alpac.stage_dp import NoFeasiblePlan, StageCost, stage_dp
 from alpac.strategy_rules import (parse_megatron, roles_of_stage, roles_of_step, rule,
                                   update_rule)
-from alpac.submesh import logical_shapes, submesh_shapes
+from alpac.submesh import grid_shape, logical_shapes, submesh_shapes
 
 
 @dataclass
@@ -74,7 +75,16 @@ class StageConstructionPass(Pass):
 
         module, cluster = ctx.module, ctx.cluster
         costs = module.analyses["costs"]
+        seconds: dict[str, float] = {}  # where the pass's time goes, for compile-stats.json
+        clock = [time.perf_counter()]
+
+        def lap(what: str) -> None:
+            now = time.perf_counter()
+            seconds[what] = seconds.get(what, 0.0) + now - clock[0]
+            clock[0] = now
+
         layer_of, num_layers = self.cluster(split, costs)
+        lap("layer clustering")
         batch = split.batch.size
         candidates = [b for b in _powers_of_two(min(batch, self.max_micro_batches))
                       if batch % b == 0]
@@ -85,14 +95,14 @@ class StageConstructionPass(Pass):
             candidates = [self.micro_batches]
         reference = candidates[len(candidates) // 2]
         layers = LayerModules(module, split, layer_of, num_layers, reference)
+        lap("layer modules")
         submeshes = submesh_shapes(cluster.nodes, cluster.devices_per_node)
         configs = [logical_shapes(sm) for sm in submeshes]
         forced = None
         if self.strategy.startswith("megatron"):
             dp, tp, pp = parse_megatron(self.strategy, cluster.num_devices)
             forced = (dp, tp, pp)
-            want = (dp, tp) if tp > 1 else (dp,)
-            configs = [[c for c in cs if tuple(c) == want] for cs in configs]
+            configs = [[g] if (g := grid_shape(sm, dp, tp)) else [] for sm in submeshes]
             if num_layers % pp:
                 raise UserError(f"strategy {self.strategy}: {num_layers} layers do not split "
                                 f"into {pp} equal stages (--layers sets the number)")
@@ -117,34 +127,49 @@ class StageConstructionPass(Pass):
                             _stage_rule(stage, B_layers.graph, mesh, forced is not None, lean)))
             return out
 
+        def solve(tasks, what):
+            done = iter(range(1, len(tasks) + 1))
+            ctx.progress(f"layer ILPs ({what})", 0, len(tasks))
+            return solve_all(tasks, self.jobs or None,
+                             lambda: ctx.progress(f"layer ILPs ({what})", next(done), len(tasks)))
+
         keys = [(h, m, c) for h in distinct for m in range(len(submeshes))
                 for c in range(len(options[m]))]
-        results = solve_all(layer_tasks(keys, layers), self.jobs or None)
+        results = solve(layer_tasks(keys, layers), f"{len(distinct)} distinct layers, "
+                                                   f"B={reference}")
         solved = {k: r[0] for k, r in zip(keys, results)}
         chosen = {k: r[1] for k, r in zip(keys, results)}
-        if not forced:  # lean variants of the configs on which the whole model would not fit
+        lap("layer ILPs")
+        if not forced:
+            # lean variants of the configs where even a fair share of the model would not
+            # fit: the layers' static bytes times the config's share of the cluster, plus
+            # one microbatch's activations at the smallest microbatch
             added = []
             for m in range(len(submeshes)):
+                share = submeshes[m][0] * submeshes[m][1] / cluster.num_devices
                 for c in range(len(options[m])):
-                    whole = sum(solved[(h, m, c)].static_bytes + solved[(h, m, c)]
-                                .activation_bytes for h in hashes)
-                    if whole > budget and submeshes[m][0] * submeshes[m][1] > 1:
+                    fair = sum(solved[(h, m, c)].static_bytes * share + solved[(h, m, c)]
+                               .activation_bytes * reference / max(candidates) for h in hashes)
+                    if fair > budget and submeshes[m][0] * submeshes[m][1] > 1:
                         options[m].append((options[m][c][0], True))
                         added += [(h, m, len(options[m]) - 1) for h in distinct]
-            results = solve_all(layer_tasks(added, layers), self.jobs or None)
+            results = solve(layer_tasks(added, layers), "memory-lean variants")
             solved.update({k: r[0] for k, r in zip(added, results)})
             chosen.update({k: r[1] for k, r in zip(added, results)})
             keys += added
+            lap("memory-lean layer ILPs")
         # the same shardings at a second microbatch count: what does and does not scale
         second = max(candidates) if max(candidates) != reference else min(candidates)
         again = {}
         if second != reference:
             layers2 = LayerModules(module, split, layer_of, num_layers, second)
-            results = solve_all(layer_tasks(keys, layers2, chosen), self.jobs or None)
+            lap("layer modules")
+            results = solve(layer_tasks(keys, layers2, chosen), f"same shardings at B={second}")
             again = {k: r[0] for k, r in zip(keys, results)}
+            lap("second-point layer ILPs")
         ctx.stats["stage_dp"] = {"layers": num_layers, "distinct_layers": len(distinct),
                                  "layer_ilps": len(keys) * (2 if again else 1),
-                                 "reference_micro_batches": reference}
+                                 "reference_micro_batches": reference, "seconds": seconds}
 
         def stage_cost(first, last, m, c, B):
             total = None
@@ -169,6 +194,7 @@ class StageConstructionPass(Pass):
             raise UserError(f"the model does not fit on cluster '{cluster.name}': the smallest "
                             f"memory per device alpac can reach is {need}, the budget is "
                             f"{budget:,.0f} bytes") from None
+        lap("stage DP")
         B = plan.num_micro_batches
         ctx.plan["num_micro_batches"] = B
         ctx.plan["pipeline"] = {
@@ -201,6 +227,7 @@ class StageConstructionPass(Pass):
             stages.append(Stage(s, mesh, sm.module, (st.first_layer, st.last_layer),
                                 submeshes[st.submesh], pipeline_stage=sm, hints=hints,
                                 allow=allow))
+        lap("stage modules")
         return stages
 
     def cluster(self, split, costs) -> tuple[dict[str, int], int]:

@@ -4,6 +4,7 @@ force, breadth over XLA's own test modules, and the memory budget."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -298,3 +299,17 @@ def test_already_partitioned_module_is_refused():
     module = prepared((SHARED / "hlo-corpus" / "hlo_llama31_405b_bf16_16x8.hlo").read_text())
     with pytest.raises(UserError, match="already partitioned"):
         auto_shard(module, LogicalMesh.parse("8"), default_cluster())
+
+
+@pytest.mark.parametrize("shapes", [("2x4", "4x2"), ("1x8", "8")])
+def test_shapes_alike_inside_a_node_price_the_same(shapes):
+    """Why the stage DP tries only one of them (alpac.submesh.logical_shapes): inside one node
+    every axis has the same links, so mirrored shapes and a leading axis of size 1 give the
+    same optimum."""
+    module, _, _ = model("gpt_train")
+    cluster = load_cluster(P3)
+    cluster = dataclasses.replace(cluster, nodes=1)
+    a, b = (auto_shard(module, LogicalMesh.parse(s), cluster, time_limit=30,
+                       annotate=False).solution for s in shapes)
+    assert a.status == b.status == "optimal"
+    assert a.objective == pytest.approx(b.objective, rel=1e-4)

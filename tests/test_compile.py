@@ -81,3 +81,16 @@ def test_megatron_strategy_is_planned_as_asked_and_computes_the_same(tmp_path):
     for g, w in zip(got, want):
         scale = max(float(np.max(np.abs(w))), 1e-30) if w.size else 1.0
         assert np.max(np.abs(g - w), initial=0.0) <= 1e-5 * scale
+
+
+def test_progress_reports_every_ilp_solve(tmp_path):
+    reports = []
+    ctx, out = compile_model(TESTDATA / "models" / "mlp_train.hlo", default_cluster(),
+                             build_pipeline(), tmp_path / "plan",
+                             on_progress=lambda *r: reports.append(r))
+    layer = [r for r in reports if r[0].startswith("layer ILPs")]
+    finished = {what: total for what, done, total in layer if done == total}
+    assert sum(finished.values()) == ctx.stats["stage_dp"]["layer_ilps"] > 0
+    for what, total in finished.items():  # each solve reported once, in order
+        assert [d for w, d, _ in layer if w == what] == list(range(total + 1))
+    assert sum(r[0].startswith("stage ILPs") for r in reports) == len(ctx.plan["stages"])

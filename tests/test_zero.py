@@ -112,3 +112,30 @@ def test_rewrite_saves_memory_without_slowing_the_step(name, mesh):
         without["estimate"]["iteration_time_s"] * (1 + 1e-9)
     assert with_rewrite["estimate"]["peak_memory_bytes"] < \
         without["estimate"]["peak_memory_bytes"]
+
+
+@pytest.mark.parametrize("mesh_shape, batch_split, weight_split", [
+    ((2, 4), "S0,R", "R,S1"),   # dp=2, tp=4
+    ((1, 8), "R,R", "R,S1"),    # dp=1: the batch is not split over the tensor-parallel axis
+    ((8,), "S0,R", "R,R"),      # tp=1: pure data parallelism, weights replicated
+])
+def test_megatron_rule_splits_batch_over_dp_and_weights_over_tp(mesh_shape, batch_split,
+                                                                weight_split):
+    from alpac.autoshard.space import array_shardings
+    from alpac.autoshard.strategies import Strategy
+    from alpac.hlo.ir import Instruction
+    from alpac.hlo.shape import parse_shape
+    from alpac.strategy_rules import Roles, rule
+
+    shape = parse_shape("f32[64,64]")[0]
+    batch, weight = (Instruction(n, "parameter", shape, (), {}, str(k))
+                     for k, n in enumerate(("x", "w")))
+    allow = rule("megatron", Roles({"x": 0}, frozenset({"w"}), frozenset()), mesh_shape)
+
+    def allowed(instr):
+        return {str(s) for s in array_shardings((64, 64), mesh_shape)
+                if allow(instr, (), Strategy(str(s), (s,), ()))}
+
+    assert allowed(batch) == {batch_split}
+    assert weight_split in allowed(weight)
+    assert all("S0" not in s for s in allowed(weight))

@@ -126,9 +126,12 @@ def solve_rounds(mesh: LogicalMesh, cluster) -> list[tuple[int, ...]]:
 
 def auto_shard(module: Module, mesh: LogicalMesh, cluster, *, budget: float | None = None,
                time_limit: float = 60.0, gap_limit: float = 1e-4,
-               allow=None, repeats: dict[str, float] | None = None) -> ShardingResult:
+               allow=None, repeats: dict[str, float] | None = None,
+               annotate: bool = True) -> ShardingResult:
     """Shard a copy of `module` over `mesh`; the input module is left as it is. `allow`
-    restricts source strategies (see build_graph); it sees the copy's instructions."""
+    restricts source strategies (see build_graph); it sees the copy's instructions. Without
+    `annotate` the copy keeps no shardings (enough for pricing: the choice is in the
+    result)."""
     work = module.clone()
     costs = CostTable(work)
     rounds = solve_rounds(mesh, cluster)
@@ -144,5 +147,6 @@ def auto_shard(module: Module, mesh: LogicalMesh, cluster, *, budget: float | No
                          gap_limit=gap_limit)
         if not last:
             hint = Hint.from_solution(sg, solution.choice, axes)
-    write_shardings(sg, solution.choice)
+    if annotate:
+        write_shardings(sg, solution.choice)
     return ShardingResult(work, sg, solution, collectives_of(sg, solution.choice), rounds)

@@ -165,8 +165,7 @@ class _Emitter:
             self.module.unique_name(f"{instr.name}.full"), "custom-call", instr.shape,
             [scattered], {"custom_call_target": '"SPMDShardToFullShape"',
                           "sharding": self.text(out)}))
-        replace_uses(comp, instr, full)
-        comp.topological_sort()
+        replace_uses(comp, instr, full)  # run() puts every computation in order afterwards
 
     def add(self, comp: Computation, instr: Instruction) -> Instruction:
         self.inserted.add(id(instr))

@@ -110,7 +110,9 @@ def render_stage(stage: dict, plan_dir: Path, console: Console, pattern: str | N
     console.rule(f"stage {stage['index']}" + (f": layers {layers[0]}–{layers[1]}"
                                                if layers else ""))
     console.print(f"mesh {'x'.join(map(str, mesh['logical_shape']))} over devices "
-                  f"{_ranges(mesh['devices'])}")
+                  f"{_ranges(mesh['devices'])}"
+                  + (" — weights and optimizer state stored split (ZeRO-3: the model would "
+                     "not fit otherwise)" if stage.get("weights_stored_split") else ""))
     _mesh_map(mesh, console)
     console.print(f"time {_seconds(e['time_s'])} (compute {_seconds(e['compute_s'])}, "
                   f"communication {_seconds(e['communication_s'])}), peak memory "

@@ -320,6 +320,35 @@ def greedy(graph: StrategyGraph) -> list[int]:
             elif a == v and b < v:
                 total = np.where(allowed[:, choice[b]], total, np.inf)
         choice.append(int(np.argmin(total)))
+    return _improve(graph, choice)
+
+
+def _improve(graph: StrategyGraph, choice: list[int], rounds: int = 20) -> list[int]:
+    """Local search on the greedy choice: each node without ties in turn takes its best
+    strategy given all its neighbours, until nothing changes. A good incumbent lets SCIP stop
+    at the gap as soon as its bound is good enough."""
+    tied = {u for u, _, _ in graph.ties} | {v for _, v, _ in graph.ties}
+    rows: dict[int, list] = {}  # node -> (neighbour, matrix as [own, neighbour's])
+    for (u, v), m in graph.edges.items():
+        rows.setdefault(u, []).append((v, m))
+        rows.setdefault(v, []).append((u, m.T))
+    start, choice = choice, list(choice)
+    for _ in range(rounds):
+        changed = False
+        for v, c in enumerate(graph.node_costs):
+            if v in tied or len(c) <= 1:
+                continue
+            total = c.copy()
+            for u, m in rows.get(v, ()):
+                total = total + m[:, choice[u]]
+            best = int(np.argmin(total))
+            if total[best] < total[choice[v]] - 1e-15:
+                choice[v] = best
+                changed = True
+        if not changed:
+            break
+    if graph.budget is not None and not graph.feasible(choice) and graph.feasible(start):
+        return start  # the search ignores memory; keep the greedy choice that fits
     return choice
 
 
@@ -384,6 +413,7 @@ def _solve_scip(g: StrategyGraph, time_limit: float, gap_limit: float, seed: int
                    "<=", 0.0)
     objective = [(float(c[i]) * TIME_SCALE, s[v][i]) for v, c in enumerate(g.node_costs)
                  for i in range(len(c)) if c[i] != 0]
+    edge_vars = []  # (u, v, strategy -> row group, strategy -> column group, variables)
     for (u, v), m in sorted(g.edges.items()):
         low = float(m.min())  # shifting a matrix by a constant does not change the argmin
         if low:
@@ -395,6 +425,7 @@ def _solve_scip(g: StrategyGraph, time_limit: float, gap_limit: float, seed: int
         row_of, col_of = row_of.reshape(-1), col_of.reshape(-1)
         n_rows, n_cols = cols.shape
         e = [[lp.continuous(f"e{u}_{v}_{r}_{c}") for c in range(n_cols)] for r in range(n_rows)]
+        edge_vars.append((u, v, row_of, col_of, e))
         for r in range(n_rows):
             lp.row([(1.0, x) for x in e[r]] + [(-1.0, s[u][i])
                                                for i in np.flatnonzero(row_of == r)], "=", 0.0)
@@ -417,11 +448,16 @@ def _solve_scip(g: StrategyGraph, time_limit: float, gap_limit: float, seed: int
     lp.load(model, objective)
     by_name = {x.name: x for x in model.getVars()}
     warm = greedy(g)
-    if g.feasible(warm):
-        sol = model.createPartialSol()
+    if g.feasible(warm):  # a complete solution (edge variables too): SCIP need not finish it
+        sol = model.createSol()
         for v, i in enumerate(warm):
             for k, name in enumerate(s[v]):
                 model.setSolVal(sol, by_name[name], 1.0 if k == i else 0.0)
+        for u, v, row_of, col_of, e in edge_vars:
+            r, c = row_of[warm[u]], col_of[warm[v]]
+            for rr, row in enumerate(e):
+                for cc, name in enumerate(row):
+                    model.setSolVal(sol, by_name[name], 1.0 if (rr, cc) == (r, c) else 0.0)
         model.addSol(sol)
     model.optimize()
     if model.getNSols() == 0:

@@ -19,3 +19,4 @@ class Stage:
     pipeline_stage: object = None  # alpac.pipeline.StageModule when the step is pipelined
     hints: dict | None = None  # instruction name -> sharding its layer's ILP chose
     allow: object = None  # a filter on the ILP's choices (a forced strategy), or None
+    weights_stored_split: bool = False  # the memory-lean (ZeRO-3) option of the stage DP

@@ -85,7 +85,30 @@ class LayerModules:
                               for k in range(num_layers)]
             where, placed = pl.assign_stages(self.graph, stage_of_layer)
             stage = pl.stage_modules(self.graph, where, placed, 3, B, only=[1])[0]
+            _canonical_order(stage.module.entry)
             self.layers.append((stage, canonical_hash(stage.module)))
+
+
+def _canonical_order(comp) -> None:
+    """Put the instructions in the order a depth-first walk from the root meets them
+    (operands first, in operand order): two cuts of the same graph listed in different orders
+    then print alike — and hash alike — and their instructions match by position."""
+    order, seen = [], set()
+    for start in [comp.root] + comp.instructions:
+        if id(start) in seen:
+            continue
+        stack = [(start, iter(start.operands))]
+        seen.add(id(start))
+        while stack:
+            node, operands = stack[-1]
+            nxt = next((o for o in operands if id(o) not in seen), None)
+            if nxt is None:
+                stack.pop()
+                order.append(node)
+            else:
+                seen.add(id(nxt))
+                stack.append((nxt, iter(nxt.operands)))
+    comp.instructions[:] = order
 
 
 def layer_cost(stage: "pl.StageModule", mesh: LogicalMesh, cluster, time_limit: float,

@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import tempfile
 from pathlib import Path
 
-from common import ROOT, write_results
+from common import ROOT, compile_plan, write_results
 
 from alpac.cluster import load_cluster
-from alpac.compiler import build_pipeline, compile_model
 from testdata.generate import gpt_suite_hlo
 
 
@@ -27,9 +25,7 @@ def plan(model: Path, cluster, mesh: str, strategy: str, rewrite: bool, out: Pat
     options = {"stage-construction": {"mesh": mesh}, "reduce-scatter": {"zero": "auto"}}
     if strategy:
         options["stage-construction"]["strategy"] = strategy
-    pipeline = build_pipeline(None, () if rewrite else ("reduce-scatter",), options)
-    compile_model(model, cluster, pipeline, out)
-    return json.loads((out / "plan.json").read_text())
+    return compile_plan(model, cluster, out, options, () if rewrite else ("reduce-scatter",))[0]
 
 
 def _holds(report, t0, t1, m0, m1) -> str:

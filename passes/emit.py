@@ -38,6 +38,7 @@ class EmitPass(Pass):
                          "physical_shape": list(stage.physical_shape or ())},
                 "module": module_file,
                 "decisions": decisions_file,
+                "weights_stored_split": stage.weights_stored_split,
                 "ilp": {"objective_s": sol.objective, "gap": sol.gap, "status": sol.status,
                         "graph_before_reduction": sol.size_before,
                         "graph_after_reduction": sol.size_after,

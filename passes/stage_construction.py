@@ -226,7 +226,8 @@ class StageConstructionPass(Pass):
                                 options[st.submesh][st.config][1])
             stages.append(Stage(s, mesh, sm.module, (st.first_layer, st.last_layer),
                                 submeshes[st.submesh], pipeline_stage=sm, hints=hints,
-                                allow=allow))
+                                allow=allow,
+                                weights_stored_split=options[st.submesh][st.config][1]))
         lap("stage modules")
         return stages
 

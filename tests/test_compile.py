@@ -36,6 +36,12 @@ def test_default_compile_fits_and_computes_the_same(name, tmp_path):
     devices = [d for s in plan["stages"] for d in s["mesh"]["devices"]]
     assert len(devices) == len(set(devices)) and set(devices) <= set(range(8))
 
+    assert_computes_the_same(out, name)
+
+
+def assert_computes_the_same(out, name: str) -> None:
+    """The plan's program, run on virtual devices, equals the source on one device."""
+    plan = json.loads((out / "plan.json").read_text())
     data = np.load(TESTDATA / "models" / f"{name}.npz")
     source = (out / "source.hlo").read_text()
     args = [data[f"arg{i}"] for i in range(sum(k.startswith("arg") for k in data.files))]
@@ -47,6 +53,24 @@ def test_default_compile_fits_and_computes_the_same(name, tmp_path):
     for g, w in zip(got, want):
         scale = max(float(np.max(np.abs(w))), 1e-30) if w.size else 1.0
         assert np.max(np.abs(g - w), initial=0.0) <= 1e-5 * scale, name
+
+
+def test_a_tight_budget_gets_stages_that_store_weights_split(tmp_path):
+    """Between the smallest reachable memory (192 KB) and the default plan's peak (207 KB)
+    only the memory-lean (ZeRO-3) layer option fits: the DP picks it, the weights of that
+    stage are stored split, and the plan still computes the same."""
+    _, out = compile_model(TESTDATA / "models" / "mlp_train.hlo", default_cluster(),
+                           build_pipeline(), tmp_path / "plan", memory_budget=200_000)
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["estimate"]["peak_memory_bytes"] <= 200_000
+    lean = [s for s in plan["stages"] if s["weights_stored_split"]]
+    assert lean
+    for stage in lean:
+        rows = json.loads((out / stage["decisions"]).read_text())
+        state = [r for r in rows if r["opcode"] == "parameter" and "[]" not in r["shape"]
+                 and r["instruction"].startswith("arg") and ".mb" not in r["instruction"]]
+        assert state and all("S" in r["sharding"] for r in state)  # weights, optimizer state
+    assert_computes_the_same(out, "mlp_train")
 
 
 def test_a_model_that_cannot_fit_is_refused_with_the_smallest_memory(tmp_path):

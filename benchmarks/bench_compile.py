@@ -1,0 +1,70 @@
+"""Whole-compile time on the Alpa GPT suite: every pass, every ILP, on this machine.
+
+Targets (issue 5): GPT-2.6B on 8x8 devices under 2 minutes, GPT-39B on 64 devices under 10.
+Besides those, how the time scales with the depth (GPT-2.6B on 64 devices at 8, 16 and 32
+blocks) and with the devices (GPT-2.6B, 32 blocks, on 8, 16, 32 and 64). Each row splits the
+time by pass and the stage construction by phase (layer modules, layer ILPs, their
+memory-lean variants, the same shardings at a second microbatch count, the stage DP).
+
+    python benchmarks/bench_compile.py [--cases 2.6B@64,39B@64,2.6B@64:8] [--batch 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+from common import compile_plan, p3_cluster, write_results
+
+from testdata.generate import gpt_suite_config, gpt_suite_hlo
+
+CASES = "2.6B@64,39B@64,2.6B@64:8,2.6B@64:16,2.6B@8,2.6B@16,2.6B@32"
+TARGETS = {("2.6B", 64, 32): 120.0, ("39B", 64, 48): 600.0}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cases", default=CASES, help="NAME@DEVICES[:BLOCKS],...")
+    parser.add_argument("--batch", type=int, default=64)
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for case in args.cases.split(","):
+            name, _, rest = case.partition("@")
+            devices, _, blocks = rest.partition(":")
+            devices = int(devices)
+            blocks = int(blocks) if blocks else gpt_suite_config(name).layers
+            model = Path(tmp) / f"gpt-{name}-{blocks}.hlo"
+            if not model.exists():
+                model.write_text(gpt_suite_hlo(name, batch_size=args.batch, num_layers=blocks))
+            plan, stats, seconds = compile_plan(model, p3_cluster(devices),
+                                                Path(tmp) / f"{case}".replace(":", "-"))
+            dp = stats.get("stage_dp", {})
+            phases = dp.get("seconds", {})
+            target = TARGETS.get((name, devices, blocks))
+            passes = stats["pass_seconds"]
+            rows.append({
+                "model": f"GPT-{name}", "blocks": blocks, "devices": devices,
+                "compile s": f"{seconds:.1f}",
+                "target s": f"{target:.0f} ({'met' if seconds <= target else 'NOT met'})"
+                if target else "-",
+                "layers (distinct)": f"{dp.get('layers', '-')} ({dp.get('distinct_layers', '-')})",
+                "layer ILPs": dp.get("layer_ilps", "-"),
+                "stage-construction s": f"{passes.get('stage-construction', 0):.1f}",
+                "of it: layer modules / ILPs / lean / 2nd B / DP s": " / ".join(
+                    f"{phases.get(k, 0):.1f}" for k in (
+                        "layer modules", "layer ILPs", "memory-lean layer ILPs",
+                        "second-point layer ILPs", "stage DP")),
+                "intra-op-sharding s": f"{passes.get('intra-op-sharding', 0):.1f}",
+                "other passes s": f"{seconds - passes.get('stage-construction', 0) - passes.get('intra-op-sharding', 0):.1f}",
+                "plan": f"{len(plan['stages'])} stages, B={plan.get('num_micro_batches', 1)}",
+            })
+            print(rows[-1], flush=True)
+    write_results("compile_time", "Whole-compile time on the GPT suite", rows,
+                  f"Batch {args.batch} x 1024 tokens, p3.16xlarge cluster spec, full width; "
+                  f"ILP solves on both cores (`--jobs` default).")
+
+
+if __name__ == "__main__":
+    main()

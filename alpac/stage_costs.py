@@ -19,16 +19,14 @@ per-example work scales with the microbatch, weight-sized work does not).
 
 from __future__ import annotations
 
-import hashlib
 import os
-import re
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import get_context
 
 from alpac import pipeline as pl
 from alpac.autoshard import auto_shard
-from alpac.hlo import print_module
+from alpac.hlo.transforms import canonical_hash, canonical_order
 from alpac.mesh import LogicalMesh
 
 
@@ -61,16 +59,6 @@ class LayerCost:
                          self.activation_bytes + other.activation_bytes)
 
 
-def canonical_hash(module) -> str:
-    """Identical for modules that differ only in names and metadata."""
-    text = print_module(module)
-    text = re.sub(r", metadata=\{[^{}]*\}", "", text)
-    text = re.sub(r"^(ENTRY )?(%\S+) \(.*\) -> .* \{$", r"\1\2 {", text, flags=re.M)
-    names: dict[str, str] = {}
-    text = re.sub(r"%[\w.\-:]+", lambda m: names.setdefault(m.group(), f"%n{len(names)}"), text)
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
 class LayerModules:
     """Each layer's share of the step, for a given number of microbatches."""
 
@@ -85,30 +73,8 @@ class LayerModules:
                               for k in range(num_layers)]
             where, placed = pl.assign_stages(self.graph, stage_of_layer)
             stage = pl.stage_modules(self.graph, where, placed, 3, B, only=[1])[0]
-            _canonical_order(stage.module.entry)
+            canonical_order(stage.module.entry)
             self.layers.append((stage, canonical_hash(stage.module)))
-
-
-def _canonical_order(comp) -> None:
-    """Put the instructions in the order a depth-first walk from the root meets them
-    (operands first, in operand order): two cuts of the same graph listed in different orders
-    then print alike — and hash alike — and their instructions match by position."""
-    order, seen = [], set()
-    for start in [comp.root] + comp.instructions:
-        if id(start) in seen:
-            continue
-        stack = [(start, iter(start.operands))]
-        seen.add(id(start))
-        while stack:
-            node, operands = stack[-1]
-            nxt = next((o for o in operands if id(o) not in seen), None)
-            if nxt is None:
-                stack.pop()
-                order.append(node)
-            else:
-                seen.add(id(nxt))
-                stack.append((nxt, iter(nxt.operands)))
-    comp.instructions[:] = order
 
 
 def layer_cost(stage: "pl.StageModule", mesh: LogicalMesh, cluster, time_limit: float,

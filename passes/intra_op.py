@@ -4,9 +4,11 @@ on its logical mesh, within the device memory."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import combinations
 
 from alpac.autoshard import auto_shard
 from alpac.errors import UserError
+from alpac.hlo.transforms import canonical_hash, canonical_order
 from alpac.ilp import Infeasible
 from alpac.passmanager import CompileContext, Pass
 from alpac.stage_costs import pipelined_peak
@@ -25,16 +27,34 @@ class IntraOpShardingPass(Pass):
     def run(self, ctx: CompileContext) -> None:
         budget = ctx.budget
         stages = ctx.module.analyses["stages"]
+        known: dict[tuple, dict] = {}  # stage structure -> its solutions (see shard_within)
         for stage in stages:
             ctx.progress(f"stage ILPs (stage {stage.index} on {stage.mesh})", stage.index,
                          len(stages))
             repeats = stage.pipeline_stage.repeats if stage.pipeline_stage else None
             stage.allow = both(stage.allow, _keep_to(stage.hints))
+            same = known.setdefault(_structure(stage, ctx.cluster), {}) \
+                if stage.pipeline_stage else None
             stage.sharding = shard_within(stage.module, stage.mesh, ctx.cluster, budget,
                                           self.time_limit, self.gap, repeats, stage.allow,
-                                          peak_of(ctx, stage, len(stages)))
+                                          peak_of(ctx, stage, len(stages)), same)
         ctx.plan["memory_budget_bytes"] = budget
         ctx.module.analyses["sharded"] = True
+
+
+def _structure(stage, cluster) -> tuple:
+    """What a stage's ILP depends on, up to names: its program, the shape of its mesh and
+    which axes cross nodes, and per instruction the hint and executions per step. Pipeline
+    stages of repeated layers on like submeshes share one (their ILPs are one ILP)."""
+    entry = stage.module.entry
+    canonical_order(entry)
+    hints, repeats = stage.hints or {}, stage.pipeline_stage.repeats
+    axes = range(len(stage.mesh.shape))
+    return (canonical_hash(stage.module), tuple(stage.mesh.shape),
+            tuple(stage.mesh.axis_crosses_nodes(group, cluster)
+                  for k in range(1, len(axes) + 1) for group in combinations(axes, k)),
+            tuple((str(hints.get(x.name)), repeats.get(x.name)) for x in entry.instructions),
+            stage.weights_stored_split, stage.allow is not None)
 
 
 def _keep_to(hints):
@@ -61,18 +81,23 @@ def peak_of(ctx: CompileContext, stage, num_stages: int):
 
 
 def shard_within(module, mesh, cluster, budget: float, time_limit: float, gap: float,
-                 repeats=None, allow=None, peak=None):
+                 repeats=None, allow=None, peak=None, known: dict | None = None):
     """Solve without the memory constraint (its reductions are stronger); only when that plan
     does not fit (by `peak(result)`, default the ILP's liveness peak), solve again under the
-    budget."""
+    budget. `known` holds the solutions (without, with the budget) of a module of the same
+    structure, reused and filled in."""
+    known = {} if known is None else known
     result = auto_shard(module, mesh, cluster, time_limit=time_limit, gap_limit=gap,
-                        repeats=repeats, allow=allow)
+                        repeats=repeats, allow=allow, reuse=known.get("free"))
+    known.setdefault("free", result.solution)
     if (peak(result) if peak else result.solution.peak_memory) <= budget:
         result.budget = budget
         return result
     try:
         result = auto_shard(module, mesh, cluster, budget=budget, time_limit=time_limit,
-                            gap_limit=gap, repeats=repeats, allow=allow)
+                            gap_limit=gap, repeats=repeats, allow=allow,
+                            reuse=known.get("budget"))
+        known.setdefault("budget", result.solution)
     except Infeasible as e:
         raise UserError(f"the program does not fit in {budget:,.0f} bytes per device on mesh "
                         f"{mesh}: the smallest per-device peak alpac can reach is "

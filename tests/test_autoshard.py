@@ -313,3 +313,25 @@ def test_shapes_alike_inside_a_node_price_the_same(shapes):
                        annotate=False).solution for s in shapes)
     assert a.status == b.status == "optimal"
     assert a.objective == pytest.approx(b.objective, rel=1e-4)
+
+
+def test_a_stage_of_the_same_structure_reuses_the_solution():
+    """Identical pipeline stages (repeated layers) are solved once: a module that differs
+    only in names gets the first one's choice, which is what solving it gives."""
+    from passes.intra_op import shard_within
+
+    module, _, _ = model("mlp_train")
+    renamed = module.clone()
+    for instr in renamed.entry.instructions:
+        instr.name = f"{instr.name}.again"
+    mesh, cluster = LogicalMesh.parse("2x2"), default_cluster()
+    known: dict = {}
+    first = shard_within(module, mesh, cluster, 1e12, 30, 1e-4, known=known)
+    again = shard_within(renamed, mesh, cluster, 1e12, 30, 1e-4, known=known)
+    fresh = auto_shard(renamed, mesh, cluster, time_limit=30)
+    assert again.solution.solve_time == 0.0 < first.solution.solve_time
+    assert again.solution.objective == pytest.approx(first.solution.objective, rel=1e-12)
+    assert fresh.solution.status == first.solution.status == "optimal"
+    assert again.solution.objective == pytest.approx(fresh.solution.objective, rel=1e-4)
+    assert [r["sharding"] for r in again.decisions()] == \
+        [r["sharding"] for r in first.decisions()]

@@ -9,6 +9,7 @@ optimal for the last round's restricted problem, and `iterative` says so).
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -127,11 +128,13 @@ def solve_rounds(mesh: LogicalMesh, cluster) -> list[tuple[int, ...]]:
 def auto_shard(module: Module, mesh: LogicalMesh, cluster, *, budget: float | None = None,
                time_limit: float = 60.0, gap_limit: float = 1e-4,
                allow=None, repeats: dict[str, float] | None = None,
-               annotate: bool = True) -> ShardingResult:
+               annotate: bool = True, reuse: Solution | None = None) -> ShardingResult:
     """Shard a copy of `module` over `mesh`; the input module is left as it is. `allow`
     restricts source strategies (see build_graph); it sees the copy's instructions. Without
     `annotate` the copy keeps no shardings (enough for pricing: the choice is in the
-    result)."""
+    result). `reuse` is the solution for a module of the same structure (instructions
+    matching by position) on a mesh of the same shape and links: taken, not solved again,
+    when the graph is the same size."""
     work = module.clone()
     costs = CostTable(work)
     rounds = solve_rounds(mesh, cluster)
@@ -143,8 +146,13 @@ def auto_shard(module: Module, mesh: LogicalMesh, cluster, *, budget: float | No
             partial *= mesh.shape[a]
         round_budget = None if budget is None else budget * mesh.num_devices / partial
         sg = build_graph(work, mesh, cluster, costs, round_budget, axes, hint, allow, repeats)
-        solution = solve(sg.graph, time_limit=time_limit / len(rounds),
-                         gap_limit=gap_limit)
+        if reuse is not None and len(rounds) == 1 and sg.graph.size == reuse.size_before:
+            solution = dataclasses.replace(reuse, objective=sg.graph.objective(reuse.choice),
+                                           solve_time=0.0,
+                                           peak_memory=sg.graph.peak_memory(reuse.choice))
+        else:
+            solution = solve(sg.graph, time_limit=time_limit / len(rounds),
+                             gap_limit=gap_limit)
         if not last:
             hint = Hint.from_solution(sg, solution.choice, axes)
     if annotate:

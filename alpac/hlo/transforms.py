@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
+import re
+
 from alpac.hlo.ir import Computation, Instruction, Module
+from alpac.hlo.printer import print_module
 
 
 def replace_uses(comp: Computation, old: Instruction, new: Instruction) -> None:
@@ -143,17 +147,37 @@ def _rebuild_tuple(module, comp, shape, leaves, idx) -> Instruction:
 
 
 def _collect(roots) -> list[Instruction]:
-    """Instructions reachable from `roots`, operands first."""
+    """Instructions reachable from `roots`, operands first (in operand order, depth first)."""
     out, seen = [], set()
-
-    def visit(i):
-        if id(i) in seen:
-            return
-        seen.add(id(i))
-        for o in i.operands:
-            visit(o)
-        out.append(i)
-
-    for r in roots:
-        visit(r)
+    for start in roots:
+        if id(start) in seen:
+            continue
+        seen.add(id(start))
+        stack = [(start, iter(start.operands))]
+        while stack:
+            node, operands = stack[-1]
+            nxt = next((o for o in operands if id(o) not in seen), None)
+            if nxt is None:
+                stack.pop()
+                out.append(node)
+            else:
+                seen.add(id(nxt))
+                stack.append((nxt, iter(nxt.operands)))
     return out
+
+
+def canonical_hash(module) -> str:
+    """Identical for modules that differ only in names and metadata."""
+    text = print_module(module)
+    text = re.sub(r", metadata=\{[^{}]*\}", "", text)
+    text = re.sub(r"^(ENTRY )?(%\S+) \(.*\) -> .* \{$", r"\1\2 {", text, flags=re.M)
+    names: dict[str, str] = {}
+    text = re.sub(r"%[\w.\-:]+", lambda m: names.setdefault(m.group(), f"%n{len(names)}"), text)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def canonical_order(comp: Computation) -> None:
+    """Put the instructions in the order a depth-first walk from the root meets them
+    (operands first, in operand order): two cuts of the same graph listed in different orders
+    then print alike — and hash alike — and their instructions match by position."""
+    comp.instructions[:] = _collect([comp.root] + comp.instructions)

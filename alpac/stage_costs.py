@@ -173,18 +173,23 @@ def solve_all(tasks: list, jobs: int | None, on_solved=None) -> list:
     `on_solved()` after each."""
     global _TASKS
     jobs = jobs or os.cpu_count() or 1
-    out = []
     if jobs <= 1 or len(tasks) <= 1:
+        out = []
         for t in tasks:
             out.append(layer_cost(*t))
             if on_solved:
                 on_solved()
         return out
     _TASKS = tasks
+    # the biggest first (2-D meshes have several times the strategies), so that no worker
+    # is left with a long solve while the others idle
+    order = sorted(range(len(tasks)), key=lambda k: -len(tasks[k][0].module.entry.instructions)
+                   * 4 ** sum(1 for n in tasks[k][1].shape if n > 1))
+    out = [None] * len(tasks)
     try:
         with ProcessPoolExecutor(jobs, mp_context=get_context("fork")) as pool:
-            for result in pool.map(_solve_task, range(len(tasks))):
-                out.append(result)
+            for k, result in zip(order, pool.map(_solve_task, order)):
+                out[k] = result
                 if on_solved:
                     on_solved()
         return out

@@ -322,6 +322,7 @@ def test_a_stage_of_the_same_structure_reuses_the_solution():
 
     module, _, _ = model("mlp_train")
     renamed = module.clone()
+    renamed.name = "stage3"
     for instr in renamed.entry.instructions:
         instr.name = f"{instr.name}.again"
     mesh, cluster = LogicalMesh.parse("2x2"), default_cluster()
@@ -335,3 +336,21 @@ def test_a_stage_of_the_same_structure_reuses_the_solution():
     assert again.solution.objective == pytest.approx(fresh.solution.objective, rel=1e-4)
     assert [r["sharding"] for r in again.decisions()] == \
         [r["sharding"] for r in first.decisions()]
+
+
+def test_canonical_hash_ignores_names_and_order_not_structure():
+    from alpac.hlo.transforms import canonical_hash, canonical_order
+
+    module, _, _ = model("mlp_train")
+    other = module.clone()
+    other.name = "renamed"
+    for instr in other.entry.instructions:
+        instr.name = f"x.{instr.name}"
+    other.entry.instructions.reverse()  # any order of the same graph
+    other.entry.topological_sort()
+    for m in (module, other):
+        canonical_order(m.entry)
+    assert canonical_hash(other) == canonical_hash(module)
+    changed = module.clone()  # one add made a subtract: another program
+    next(x for x in changed.entry.instructions if x.opcode == "add").opcode = "subtract"
+    assert canonical_hash(changed) != canonical_hash(module)

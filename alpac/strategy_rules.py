@@ -34,6 +34,7 @@ class Roles:
     weights: frozenset[str]
     optimizer_state: frozenset[str]
     example_dims: dict[str, int] | None = None  # per-example instruction -> its batch dim
+    accumulators: frozenset[str] = frozenset()  # a pipeline stage's gradient accumulators
 
 
 def roles_of_step(module, split) -> Roles:
@@ -61,9 +62,12 @@ def roles_of_stage(stage_module, graph) -> Roles:
     """Roles of the parameters of one pipeline stage's module."""
     entry = stage_module.module.entry
     users = entry.users()
-    batch, weights, state = {}, set(), set()
+    batch, weights, state, accumulators = {}, set(), set(), set()
     for p in entry.parameters:
         value = stage_module.param_values[p.parameter_number]
+        if value.startswith("acc"):
+            accumulators.add(p.name)
+            continue
         if value.endswith(".mb"):
             dim = next((d for v, _, d in graph.param_values.values() if v == value), None)
             if dim is not None:
@@ -73,7 +77,7 @@ def roles_of_stage(stage_module, graph) -> Roles:
             continue
         readers = {stage_module.role.get(u.name) for u in users[p]}
         (weights if readers & {"forward", "backward"} else state).add(p.name)
-    return Roles(batch, frozenset(weights), frozenset(state))
+    return Roles(batch, frozenset(weights), frozenset(state), None, frozenset(accumulators))
 
 
 def rule(kind: str, roles: Roles, mesh_shape):
@@ -127,10 +131,11 @@ def update_rule(roles: Roles, mesh_shape, zero: str, base=None):
     """The reduce-scatter rewrite's filter on top of `base` (a plan's own filter, or None).
     zero="auto": each optimizer-state parameter either as `base` allows or split as many ways
     as the mesh allows, so the ILP rewrites exactly the chains where that is no slower;
-    "2": every optimizer-state parameter split (ZeRO-2); "3": the weights too (ZeRO-3)."""
+    "2": every optimizer-state parameter split (ZeRO-2); "3": the weights and gradient
+    accumulators too (ZeRO-3: every step-long array divided over the mesh)."""
     forced = set(roles.optimizer_state) if zero in ("2", "3") else set()
     if zero == "3":
-        forced |= set(roles.weights)
+        forced |= set(roles.weights) | set(roles.accumulators)
     optional = set(roles.optimizer_state) - forced
 
     def allow(instr, idx, strategy) -> bool:

@@ -28,6 +28,7 @@ from alpac import pipeline as pl
 from alpac.autoshard import auto_shard
 from alpac.hlo.transforms import canonical_hash, canonical_order
 from alpac.mesh import LogicalMesh
+from alpac.strategy_rules import both, keep_to
 
 
 @dataclass(frozen=True)
@@ -83,18 +84,8 @@ def layer_cost(stage: "pl.StageModule", mesh: LogicalMesh, cluster, time_limit: 
     (by position, None where it chose none): a hint for the final ILP of the stage that
     holds any layer of the same structure. With `hint` (such a list for a module of the same
     structure), the ILP keeps to it: the same shardings priced at another microbatch size."""
-    allow = None
-    if hint is not None:
-        wanted = {x.name: h for x, h in zip(stage.module.entry.instructions, hint)
-                  if h is not None}
-
-        def allow(instr, idx, strategy):
-            want = wanted.get(instr.name)
-            return want is None or idx != () or strategy.outputs[0] == want
-
-    if rule is not None:
-        allow = rule if allow is None else (lambda i, x, st, a=allow: a(i, x, st) and
-                                            rule(i, x, st))
+    allow = both(rule, keep_to(None if hint is None else {
+        x.name: h for x, h in zip(stage.module.entry.instructions, hint) if h is not None}))
     result = auto_shard(stage.module, mesh, cluster, time_limit=time_limit, gap_limit=0.02,
                         repeats=stage.repeats, allow=allow, annotate=False)
     choice = result.solution.choice

@@ -149,6 +149,18 @@ def update_rule(roles: Roles, mesh_shape, zero: str, base=None):
     return allow
 
 
+def keep_to(hints: dict | None):
+    """A filter keeping each hinted instruction (by name) to the sharding its hint names."""
+    if not hints:
+        return None
+
+    def allow(instr, idx, strategy) -> bool:
+        wanted = hints.get(instr.name)
+        return wanted is None or idx != () or strategy.outputs[0] == wanted
+
+    return allow
+
+
 def both(first, second):
     """Both filters (either may be None)."""
     if first is None or second is None:

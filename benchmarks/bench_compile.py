@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import argparse
 import tempfile
+import time
 from pathlib import Path
 
 from common import compile_plan, p3_cluster, write_results
 
+from alpac.cluster import parse_size
+from alpac.errors import UserError
 from testdata.generate import gpt_suite_config, gpt_suite_hlo
 
 CASES = "2.6B@64,39B@64,2.6B@64:8,2.6B@64:16,2.6B@8,2.6B@16,2.6B@32"
@@ -27,7 +30,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--cases", default=CASES, help="NAME@DEVICES[:BLOCKS],...")
     parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--memory-budget", help="bytes per device (e.g. 32GiB; default: the "
+                        "V100's 16 GiB) -- for a model that does not fit, to time its compile")
     args = parser.parse_args()
+    budget = parse_size(args.memory_budget, "--memory-budget") if args.memory_budget else None
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for case in args.cases.split(","):
@@ -38,8 +44,17 @@ def main() -> None:
             model = Path(tmp) / f"gpt-{name}-{blocks}.hlo"
             if not model.exists():
                 model.write_text(gpt_suite_hlo(name, batch_size=args.batch, num_layers=blocks))
-            plan, stats, seconds = compile_plan(model, p3_cluster(devices),
-                                                Path(tmp) / f"{case}".replace(":", "-"))
+            start = time.perf_counter()
+            try:
+                plan, stats, seconds = compile_plan(model, p3_cluster(devices),
+                                                    Path(tmp) / f"{case}".replace(":", "-"),
+                                                    memory_budget=budget)
+            except UserError as e:  # does not fit: how long it took to find out
+                rows.append({"model": f"GPT-{name}", "blocks": blocks, "devices": devices,
+                             "compile s": f"{time.perf_counter() - start:.1f}",
+                             "plan": f"refused: {e}"})
+                print(rows[-1], flush=True)
+                continue
             dp = stats.get("stage_dp", {})
             phases = dp.get("seconds", {})
             target = TARGETS.get((name, devices, blocks))
@@ -58,7 +73,8 @@ def main() -> None:
                         "second-point layer ILPs", "stage DP")),
                 "intra-op-sharding s": f"{passes.get('intra-op-sharding', 0):.1f}",
                 "other passes s": f"{seconds - passes.get('stage-construction', 0) - passes.get('intra-op-sharding', 0):.1f}",
-                "plan": f"{len(plan['stages'])} stages, B={plan.get('num_micro_batches', 1)}",
+                "plan": f"{len(plan['stages'])} stages, B={plan.get('num_micro_batches', 1)}"
+                        + (f", budget {args.memory_budget}" if budget else ""),
             })
             print(rows[-1], flush=True)
     write_results("compile_time", "Whole-compile time on the GPT suite", rows,

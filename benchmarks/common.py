@@ -37,13 +37,14 @@ def write_results(name: str, title: str, table: list[dict], notes: str = "") -> 
     cols = list(table[0]) if table else []
     lines = [f"# {title}", "", f"Machine: {machine()}. {notes}".strip(), "",
              "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in table]
+    lines += ["| " + " | ".join(str(r.get(c, "-")) for c in cols) + " |" for r in table]
     (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
 def compile_plan(model: Path, cluster, out: Path, options: dict | None = None,
-                 skip: tuple[str, ...] = ()) -> tuple[dict, dict, float]:
+                 skip: tuple[str, ...] = (), memory_budget: float | None = None
+                 ) -> tuple[dict, dict, float]:
     """Compile with per-pass `options` ({pass: {option: value}}); the plan, the compile
     statistics and the wall-clock seconds of the whole compile."""
     from alpac.compiler import build_pipeline, compile_model
@@ -51,7 +52,7 @@ def compile_plan(model: Path, cluster, out: Path, options: dict | None = None,
     pipeline = build_pipeline(None, skip, {p: {k: str(v) for k, v in o.items()}
                                            for p, o in (options or {}).items()})
     start = time.perf_counter()
-    compile_model(model, cluster, pipeline, out)
+    compile_model(model, cluster, pipeline, out, memory_budget=memory_budget)
     seconds = time.perf_counter() - start
     return (json.loads((out / "plan.json").read_text()),
             json.loads((out / "compile-stats.json").read_text()), seconds)

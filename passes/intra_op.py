@@ -12,7 +12,7 @@ from alpac.hlo.transforms import canonical_hash, canonical_order
 from alpac.ilp import Infeasible
 from alpac.passmanager import CompileContext, Pass
 from alpac.stage_costs import pipelined_peak
-from alpac.strategy_rules import both
+from alpac.strategy_rules import both, keep_to
 
 
 @dataclass
@@ -32,7 +32,7 @@ class IntraOpShardingPass(Pass):
             ctx.progress(f"stage ILPs (stage {stage.index} on {stage.mesh})", stage.index,
                          len(stages))
             repeats = stage.pipeline_stage.repeats if stage.pipeline_stage else None
-            stage.allow = both(stage.allow, _keep_to(stage.hints))
+            stage.allow = both(stage.allow, keep_to(stage.hints))
             same = known.setdefault(_structure(stage, ctx.cluster), {}) \
                 if stage.pipeline_stage else None
             stage.sharding = shard_within(stage.module, stage.mesh, ctx.cluster, budget,
@@ -54,19 +54,7 @@ def _structure(stage, cluster) -> tuple:
             tuple(stage.mesh.axis_crosses_nodes(group, cluster)
                   for k in range(1, len(axes) + 1) for group in combinations(axes, k)),
             tuple((str(hints.get(x.name)), repeats.get(x.name)) for x in entry.instructions),
-            stage.weights_stored_split, stage.allow is not None)
-
-
-def _keep_to(hints):
-    """An ILP filter keeping each hinted instruction to the sharding its layer's ILP chose."""
-    if not hints:
-        return None
-
-    def allow(instr, idx, strategy) -> bool:
-        wanted = hints.get(instr.name)
-        return wanted is None or idx != () or strategy.outputs[0] == wanted
-
-    return allow
+            stage.weights_stored_split)
 
 
 def peak_of(ctx: CompileContext, stage, num_stages: int):

@@ -193,6 +193,12 @@ class StageModule:
     scope: dict[str, str]  # program value -> step | microbatch
 
 
+# Made from at most a scalar: each stage that reads one makes its own rather than receive a
+# weight-sized array every step (XLA shares one broadcast of Adam's β among all weights of a
+# shape, whichever layers they belong to).
+_MADE_LOCALLY = frozenset({"broadcast", "constant", "iota"})
+
+
 def assign_stages(graph: StepGraph, stage_of_layer: list[int]
                   ) -> tuple[dict[str, set[int]], set[str]]:
     """node name -> the stages that compute it; and the names of the nodes placed in one
@@ -248,7 +254,8 @@ def assign_stages(graph: StepGraph, stage_of_layer: list[int]
                 if graph.role.get(o.name) == "apply":
                     demand[o.name] = min(demand.get(o.name, demand[x.name]), demand[x.name])
     for x in entry.instructions:
-        if graph.role.get(x.name) == "apply" and x.name in demand:
+        if graph.role.get(x.name) == "apply" and x.name in demand and \
+                x.opcode not in _MADE_LOCALLY:
             placed[x.name] = demand[x.name]
     _check_order(entry, graph, placed)
 

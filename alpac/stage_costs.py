@@ -8,10 +8,12 @@ microbatched step exactly as a one-layer stage would be. Its ILP gives:
   t        seconds per microbatch (forward + backward + accumulation)
   apply    seconds per step (the update)
   static   bytes per device kept all step (weights, optimizer state, accumulators)
+  transient   bytes per device of the largest temporary
   activation  bytes per device one microbatch keeps from its forward to its backward
 
-A stage of layers i..j costs the sum over its layers plus sending its boundary activation
-and gradient to the next stage. Layers whose share is the same program up to names (the
+A stage of layers i..j costs the sum over its layers (its temporaries: the largest of
+theirs, one layer runs at a time) plus sending its boundary activation and gradient to the
+next stage. Layers whose share is the same program up to names (the
 blocks of a transformer) are solved once per logical mesh. The ILP runs at two microbatch
 counts; other counts are interpolated as a + b/B (exact while the shardings stay the same:
 per-example work scales with the microbatch, weight-sized work does not).
@@ -37,6 +39,12 @@ class LayerCost:
     apply: float
     static_bytes: float
     activation_bytes: float
+    transient_bytes: float = 0.0
+
+    @property
+    def held_bytes(self) -> float:
+        """Bytes per device before any microbatch's activations: static and a temporary."""
+        return self.static_bytes + self.transient_bytes
 
     @staticmethod
     def fit(b1: int, c1: "LayerCost", b2: int, c2: "LayerCost", B: int) -> "LayerCost":
@@ -45,37 +53,42 @@ class LayerCost:
         does not)."""
         if b1 == b2:
             return LayerCost(c1.t * b1 / B, c1.apply, c1.static_bytes,
-                             c1.activation_bytes * b1 / B)
+                             c1.activation_bytes * b1 / B, c1.transient_bytes)
 
         def at(y1, y2):
             slope = max((y1 - y2) / (1 / b1 - 1 / b2), 0.0)
             return max(y1 - slope / b1, 0.0) + slope / B
 
         return LayerCost(at(c1.t, c2.t), c1.apply, c1.static_bytes,
-                         at(c1.activation_bytes, c2.activation_bytes))
+                         at(c1.activation_bytes, c2.activation_bytes),
+                         max(c1.transient_bytes, c2.transient_bytes))
 
     def __add__(self, other: "LayerCost") -> "LayerCost":
         return LayerCost(self.t + other.t, self.apply + other.apply,
                          self.static_bytes + other.static_bytes,
-                         self.activation_bytes + other.activation_bytes)
+                         self.activation_bytes + other.activation_bytes,
+                         max(self.transient_bytes, other.transient_bytes))
 
 
 class LayerModules:
-    """Each layer's share of the step, for a given number of microbatches."""
+    """Each layer's share of the step (of the layers in `only`), for a given number of
+    microbatches."""
 
-    def __init__(self, module, split, layer_of: dict[str, int], num_layers: int, B: int):
+    def __init__(self, module, split, layer_of: dict[str, int], num_layers: int, B: int,
+                 only: list[int] | None = None):
         self.B = B
         step = split.microbatch(B)
         self.graph = pl.step_graph(step, {x.name for x in split.forward}, layer_of,
                                    module.input_output_alias)
-        self.layers: list[tuple[pl.StageModule, str]] = []
-        for layer in range(num_layers):
-            stage_of_layer = [0 if k < layer else 1 if k == layer else 2
-                              for k in range(num_layers)]
-            where, placed = pl.assign_stages(self.graph, stage_of_layer)
-            stage = pl.stage_modules(self.graph, where, placed, 3, B, only=[1])[0]
+        # every layer a stage of its own: each module is then exactly what that layer holds
+        # in any stage (the first one with the prologue), for one pass over the graph
+        where, placed = pl.assign_stages(self.graph, list(range(num_layers)))
+        wanted = list(range(num_layers)) if only is None else only
+        self.layers: dict[int, tuple[pl.StageModule, str]] = {}
+        for layer, stage in zip(wanted, pl.stage_modules(self.graph, where, placed, num_layers,
+                                                         B, only=wanted)):
             canonical_order(stage.module.entry)
-            self.layers.append((stage, canonical_hash(stage.module)))
+            self.layers[layer] = (stage, canonical_hash(stage.module))
 
 
 def layer_cost(stage: "pl.StageModule", mesh: LogicalMesh, cluster, time_limit: float,
@@ -117,7 +130,7 @@ def stage_figures(stage: "pl.StageModule", result) -> LayerCost:
     transient = max((v for k, v in per_value.items() if k not in others), default=0.0)
     params = sum(_param_bytes(result, p) for p in parameters
                  if stage.scope.get(stage.param_values[p.parameter_number]) == "step")
-    return LayerCost(per_step / B, seconds.get("apply", 0.0), params + transient, activation)
+    return LayerCost(per_step / B, seconds.get("apply", 0.0), params, activation, transient)
 
 
 def pipelined_peak(stage: "pl.StageModule", result, num_stages: int, index: int,
@@ -126,7 +139,7 @@ def pipelined_peak(stage: "pl.StageModule", result, num_stages: int, index: int,
     device: what the stage DP assumed and the plan reports."""
     figures = stage_figures(stage, result)
     in_flight = min(num_stages - index, num_micro_batches)
-    return figures, in_flight, figures.static_bytes + in_flight * figures.activation_bytes
+    return figures, in_flight, figures.held_bytes + in_flight * figures.activation_bytes
 
 
 def _activations(stage) -> set[str]:

@@ -86,6 +86,7 @@ class EmitPass(Pass):
             entry["estimate"].update({
                 "time_per_microbatch_s": figures.t, "apply_s": figures.apply,
                 "static_bytes": figures.static_bytes,
+                "transient_bytes": figures.transient_bytes,
                 "activation_bytes_per_microbatch": figures.activation_bytes,
                 "microbatches_in_flight": in_flight, "peak_memory_bytes": peak})
             times.append(figures.t)

@@ -107,10 +107,9 @@ class StageConstructionPass(Pass):
                 raise UserError(f"strategy {self.strategy}: {num_layers} layers do not split "
                                 f"into {pp} equal stages (--layers sets the number)")
             ctx.plan["strategy"] = self.strategy
-        distinct = sorted({h for _, h in layers.layers})
-        first_of = {h: next(k for k, (_, hh) in enumerate(layers.layers) if hh == h)
-                    for h in distinct}
-        hashes = [h for _, h in layers.layers]
+        hashes = [layers.layers[k][1] for k in range(num_layers)]
+        distinct = sorted(set(hashes))
+        first_of = {h: hashes.index(h) for h in distinct}
         budget = ctx.budget
         # a config is a logical mesh shape and whether its weights and optimizer state are
         # stored split (ZeRO-3: "lean", slower, for stages that do not fit otherwise)
@@ -149,7 +148,8 @@ class StageConstructionPass(Pass):
                 share = submeshes[m][0] * submeshes[m][1] / cluster.num_devices
                 for c in range(len(options[m])):
                     fair = sum(solved[(h, m, c)].static_bytes * share + solved[(h, m, c)]
-                               .activation_bytes * reference / max(candidates) for h in hashes)
+                               .activation_bytes * reference / max(candidates) for h in hashes) \
+                        + max(solved[(h, m, c)].transient_bytes for h in hashes)
                     if fair > budget and submeshes[m][0] * submeshes[m][1] > 1:
                         options[m].append((options[m][c][0], True))
                         added += [(h, m, len(options[m]) - 1) for h in distinct]
@@ -162,7 +162,8 @@ class StageConstructionPass(Pass):
         second = max(candidates) if max(candidates) != reference else min(candidates)
         again = {}
         if second != reference:
-            layers2 = LayerModules(module, split, layer_of, num_layers, second)
+            layers2 = LayerModules(module, split, layer_of, num_layers, second,
+                                   only=sorted(first_of.values()))
             lap("layer modules")
             results = solve(layer_tasks(keys, layers2, chosen), f"same shardings at B={second}")
             again = {k: r[0] for k, r in zip(keys, results)}
@@ -178,7 +179,7 @@ class StageConstructionPass(Pass):
                 cost = LayerCost.fit(reference, solved[key], second,
                                      again.get(key, solved[key]), B)
                 total = cost if total is None else total + cost
-            return StageCost(total.t, total.apply, total.static_bytes, total.activation_bytes,
+            return StageCost(total.t, total.apply, total.held_bytes, total.activation_bytes,
                              budget)
 
         pinned = _parse_ranges(self.stages, num_layers) if self.stages else None

@@ -56,9 +56,9 @@ def assert_computes_the_same(out, name: str) -> None:
 
 
 def test_a_tight_budget_gets_stages_that_store_weights_split(tmp_path):
-    """Between the smallest reachable memory (192 KB) and the default plan's peak (207 KB)
-    only the memory-lean (ZeRO-3) layer option fits: the DP picks it, the weights of that
-    stage are stored split, and the plan still computes the same."""
+    """Below the default plan's peak (207 KB; the smallest reachable is 96 KB) the DP takes
+    the memory-lean (ZeRO-3) layer option: the weights of those stages are stored split, and
+    the plan still computes the same."""
     _, out = compile_model(TESTDATA / "models" / "mlp_train.hlo", default_cluster(),
                            build_pipeline(), tmp_path / "plan", memory_budget=200_000)
     plan = json.loads((out / "plan.json").read_text())
@@ -105,6 +105,19 @@ def test_megatron_strategy_is_planned_as_asked_and_computes_the_same(tmp_path):
     for g, w in zip(got, want):
         scale = max(float(np.max(np.abs(w))), 1e-30) if w.size else 1.0
         assert np.max(np.abs(g - w), initial=0.0) <= 1e-5 * scale
+
+
+def test_between_stages_only_inputs_accumulators_and_scalars_move_once_per_step(tmp_path):
+    """The update's weight-sized constants (Adam's β broadcast, which XLA shares among all
+    weights of a shape) are made by each stage that reads them, not moved every step."""
+    options = {"stage-construction": {"stages": "0-1,2-3", "layers": "4"}}
+    _, out = compile_model(TESTDATA / "models" / "gpt_train.hlo", default_cluster(),
+                           build_pipeline(None, (), options), tmp_path / "plan")
+    program = Program.from_dict(json.loads((out / "plan.json").read_text())["program"])
+    inputs = {i.value for i in program.inputs} | set(program.accumulators)
+    per_step = [t for t in program.transfers if t.scope == "step"]
+    assert per_step and all(t.value in inputs or t.bytes <= 8 for t in per_step), \
+        [(t.value, t.bytes) for t in per_step if t.value not in inputs]
 
 
 def test_progress_reports_every_ilp_solve(tmp_path):

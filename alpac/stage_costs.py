@@ -13,8 +13,8 @@ microbatched step exactly as a one-layer stage would be. Its ILP gives:
 
 A stage of layers i..j costs the sum over its layers (its temporaries: the largest of
 theirs, one layer runs at a time) plus sending its boundary activation and gradient to the
-next stage. Layers whose share is the same program up to names (the
-blocks of a transformer) are solved once per logical mesh. The ILP runs at two microbatch
+next stage. Layers whose share is the same program up to names (the blocks of a
+transformer) are solved once per logical mesh. The ILP runs at two microbatch
 counts; other counts are interpolated as a + b/B (exact while the shardings stay the same:
 per-example work scales with the microbatch, weight-sized work does not).
 """
@@ -39,7 +39,7 @@ class LayerCost:
     apply: float
     static_bytes: float
     activation_bytes: float
-    transient_bytes: float = 0.0
+    transient_bytes: float
 
     @property
     def held_bytes(self) -> float:

@@ -33,8 +33,12 @@ class IntraOpShardingPass(Pass):
                          len(stages))
             repeats = stage.pipeline_stage.repeats if stage.pipeline_stage else None
             stage.allow = both(stage.allow, keep_to(stage.hints))
-            same = known.setdefault(_structure(stage, ctx.cluster), {}) \
-                if stage.pipeline_stage else None
+            same = None
+            if stage.pipeline_stage:
+                # instructions in canonical order, so that a solution reused between stages
+                # of one structure matches them by position
+                canonical_order(stage.module.entry)
+                same = known.setdefault(_structure(stage, ctx.cluster), {})
             stage.sharding = shard_within(stage.module, stage.mesh, ctx.cluster, budget,
                                           self.time_limit, self.gap, repeats, stage.allow,
                                           peak_of(ctx, stage, len(stages)), same)
@@ -47,7 +51,6 @@ def _structure(stage, cluster) -> tuple:
     which axes cross nodes, and per instruction the hint and executions per step. Pipeline
     stages of repeated layers on like submeshes share one (their ILPs are one ILP)."""
     entry = stage.module.entry
-    canonical_order(entry)
     hints, repeats = stage.hints or {}, stage.pipeline_stage.repeats
     axes = range(len(stage.mesh.shape))
     return (canonical_hash(stage.module), tuple(stage.mesh.shape),

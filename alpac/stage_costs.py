@@ -26,6 +26,8 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import get_context
 
+import numpy as np
+
 from alpac import pipeline as pl
 from alpac.autoshard import auto_shard
 from alpac.hlo.transforms import canonical_hash, canonical_order
@@ -68,6 +70,24 @@ class LayerCost:
                          self.static_bytes + other.static_bytes,
                          self.activation_bytes + other.activation_bytes,
                          max(self.transient_bytes, other.transient_bytes))
+
+
+class RangeCosts:
+    """The LayerCost of every layer range first..last (summed, temporaries the largest) of one
+    mesh config at one B, tabulated at once: the stage DP asks for up to L²/2 ranges per
+    config and B, and a Python sum per range made it cubic in L."""
+
+    def __init__(self, layers: list[LayerCost]):
+        fields = np.array([[c.t, c.apply, c.static_bytes, c.activation_bytes,
+                            c.transient_bytes] for c in layers], dtype=np.float64)
+        n = len(layers)
+        self.table = np.zeros((n, n, 5))
+        for first in range(n):  # cumsum adds left to right, as summing the layers would
+            self.table[first, first:, :4] = np.cumsum(fields[first:, :4], axis=0)
+            self.table[first, first:, 4] = np.maximum.accumulate(fields[first:, 4])
+
+    def __call__(self, first: int, last: int) -> LayerCost:
+        return LayerCost(*(float(x) for x in self.table[first, last]))
 
 
 class LayerModules:

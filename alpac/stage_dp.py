@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
@@ -48,6 +48,11 @@ class StageCost:
     static_bytes: float  # per device, held all step: weights, optimizer state, ...
     activation_bytes: float  # per device, per microbatch in flight (kept for the backward)
     budget: float  # per device memory budget, bytes
+
+    def as_row(self) -> tuple[float, float, float, float, float]:
+        """The fields in order (`dataclasses.astuple` deep-copies: too slow for the 10^5
+        stages a search prices)."""
+        return self.t, self.apply, self.static_bytes, self.activation_bytes, self.budget
 
 
 @dataclass(frozen=True)
@@ -159,7 +164,7 @@ class _Options:
             self.cost[k] = self.search.price(self.key(k))
         runs = np.array([k for k in due if self.cost[k] is not None], dtype=np.int64)
         t, apply, static, act, budget = np.array(
-            [astuple(self.cost[k]) for k in runs], dtype=np.float64).reshape(-1, 5).T
+            [self.cost[k].as_row() for k in runs], dtype=np.float64).reshape(-1, 5).T
         kap = _max_in_flight(static, act, budget)
         fits = kap >= 1
         self.t[runs[fits]], self.apply[runs[fits]] = t[fits], apply[fits]
@@ -325,7 +330,7 @@ class _Search:
         best = math.inf
         for B, o in self.options.items():
             runs = np.array([k for k, c in enumerate(o.cost) if c is not None], dtype=np.int64)
-            static, act = np.array([astuple(o.cost[k])[2:4] for k in runs]).reshape(-1, 2).T
+            static, act = np.array([o.cost[k].as_row()[2:4] for k in runs]).reshape(-1, 2).T
             flights = np.arange(1, min(B, self.L, self.D) + 1)
             values = np.unique(static[:, None] + act[:, None] * flights)
 

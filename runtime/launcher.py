@@ -336,6 +336,10 @@ def _supervise(cmd, env, status: Path, n: int, debug: bool) -> int:
     if silent and (first_error is None or min(silent.values()) < first_error["time"]):
         first = min(silent.values())
         dead = sorted(r for r, t in silent.items() if t - first < 0.005)
+        # too close to tell apart (a loaded machine notices deaths late): the rank whose
+        # pid mpiexec's termination banner names
+        named = [r for r in dead if deaths.pids.get(r) in out.banner_pids]
+        dead = named or dead
         how = f" ({out.exit_string})" if out.exit_string else f" (mpiexec exit code {rc})"
         who = f"rank {dead[0]}" if len(dead) == 1 else \
             f"one of ranks {', '.join(map(str, dead))}"
@@ -358,7 +362,10 @@ def _supervise(cmd, env, status: Path, n: int, debug: bool) -> int:
     return EXIT_RUNTIME
 
 
-_GRACE = 1.0  # seconds the other ranks get to report an error of their own first
+# after a rank dies without a word: seconds for the other ranks to report an error of their
+# own, and for mpiexec to end the job itself and say how the rank died (it usually takes
+# milliseconds; on a loaded machine over a second, and ending it sooner loses the reason)
+_GRACE = 5.0
 
 
 def _end(proc, deaths) -> None:

@@ -1,0 +1,47 @@
+"""The stage construction's own choices: the automatic layer count on a real training step,
+and the stage costs the DP reads."""
+
+from __future__ import annotations
+
+import random
+
+from alpac.cluster import default_cluster
+from alpac.compiler import build_pipeline
+from alpac.passmanager import CompileContext, PassManager
+from alpac.stage_costs import LayerCost, RangeCosts
+from passes.stage_construction import StageConstructionPass
+from testdata.generate import gpt_suite_hlo
+
+
+def test_no_layer_holds_more_than_one_gpt_block(tmp_path):
+    """A pair of blocks costs about twice as much to price as one, and the stage DP could
+    not cut between them."""
+    blocks = 8
+    model = tmp_path / "gpt.hlo"
+    model.write_text(gpt_suite_hlo("2.6B", batch_size=8, num_layers=blocks))
+    ctx = CompileContext(model, default_cluster(), None)
+    PassManager(build_pipeline("load,inline-calls,flatten-params,cost-analysis,"
+                               "batch-analysis,step-split"), frozenset(), tmp_path / "dump",
+                None, None).run(ctx)
+    split = ctx.module.analyses["step"]
+    layer_of, n = StageConstructionPass().cluster(split, ctx.module.analyses["costs"])
+    forward_dots = [x for x in split.forward if x.opcode == "dot" and x.name in layer_of]
+    per_block = (len(forward_dots) - 1) // blocks  # and one for the output projection
+    assert len(forward_dots) == per_block * blocks + 1
+    dots_in = [0] * n
+    for x in forward_dots:
+        dots_in[layer_of[x.name]] += 1
+    assert n >= blocks
+    assert max(dots_in) <= per_block + 1, dots_in
+
+
+def test_range_costs_equal_summing_the_layers():
+    rng = random.Random(0)
+    layers = [LayerCost(*(rng.uniform(0, 1e3) for _ in range(5))) for _ in range(12)]
+    table = RangeCosts(layers)
+    for first in range(12):
+        for last in range(first, 12):
+            total = layers[first]
+            for cost in layers[first + 1:last + 1]:
+                total = total + cost
+            assert table(first, last) == total  # exactly: the DP breaks ties on these

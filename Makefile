@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test demo bench testdata clean
+.PHONY: venv test demo bench zoo testdata zoo-generate zoo-check clean
 
 venv: $(STAMP)
 
@@ -27,8 +27,31 @@ demo: $(STAMP)
 bench: $(STAMP)
 	for f in benchmarks/bench_*.py; do $(PY) $$f || exit 1; done
 
+# every zoo program in every configuration + the corpus modules -> benchmarks/results/zoo.md
+zoo: $(STAMP)
+	$(PY) testdata/zoo/run.py
+
 testdata: $(STAMP)
 	$(PY) testdata/generate.py
+
+# The front-end zoo (testdata/zoo/): its generator needs transformers/flax/optax, TensorFlow and
+# PyTorch/XLA, pinned in the `zoo` extra, in a venv of its own. The outputs are committed.
+ZOO_VENV := .zoo-venv
+ZOO_STAMP := $(ZOO_VENV)/.installed
+
+$(ZOO_STAMP): pyproject.toml
+	test -x $(ZOO_VENV)/bin/python || $(PYTHON) -m venv $(ZOO_VENV)
+	$(ZOO_VENV)/bin/python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['zoo']))" > $(ZOO_VENV)/zoo-requirements.txt
+	$(ZOO_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r $(ZOO_VENV)/zoo-requirements.txt
+	touch $(ZOO_STAMP)
+
+# make zoo-generate [ZOO_PROGRAMS="hf_gpt2_train ..."]   (default: every program; slow)
+zoo-generate: $(ZOO_STAMP)
+	$(ZOO_VENV)/bin/python testdata/zoo/generate.py $(ZOO_PROGRAMS)
+
+# the committed reference data against .venv's jaxlib
+zoo-check: $(STAMP)
+	$(PY) testdata/zoo/check_refs.py $(ZOO_PROGRAMS)
 
 clean:
 	rm -rf $(VENV) *.egg-info

@@ -40,6 +40,9 @@ def render(plan: dict, plan_dir: Path, console: Console, pattern: str | None,
                   f"{plan['num_micro_batches']} microbatch(es)")
     console.print(f"  estimated iteration {_seconds(est.get('iteration_time_s', 0))}, peak "
                   f"{_si(est.get('peak_memory_bytes', 0))}B per device")
+    for what in ("pipelining", "microbatching"):
+        if reason := (plan.get(what) or {}).get("refused"):
+            console.print(f"  [bold]{what} refused[/]: {reason}")
     if len(plan["stages"]) > 1:
         _pipeline_picture(plan, console)
     updates = {r["stage"]: r for r in plan.get("reduce_scatter") or []}

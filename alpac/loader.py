@@ -11,6 +11,7 @@ from pathlib import Path
 
 from alpac.errors import UserError
 from alpac.hlo import Module, parse_hlo
+from alpac.hlo.shapecheck import check_module
 
 TEXT_SUFFIXES = (".hlo", ".txt")
 PROTO_SUFFIXES = (".pb", ".hlo.pb", ".pbtxt.bin")
@@ -43,7 +44,7 @@ def load_module(path: str | Path) -> Module:
             text = hlo_text_from_proto(data)
         except ValueError as e:
             raise UserError(f"not a valid HloModuleProto binary: {e}", path=name) from None
-        return parse_hlo(text, name)
+        return _checked(parse_hlo(text, name), name, text, from_text=False)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -58,7 +59,14 @@ def load_module(path: str | Path) -> Module:
             text = hlo_text_from_stablehlo(text)
         except ValueError as e:
             raise UserError(f"not a valid StableHLO/MHLO module: {e}", path=name) from None
-    return parse_hlo(text, name)
+    return _checked(parse_hlo(text, name), name, text, from_text=kind == "text")
+
+
+def _checked(module: Module, name: str, text: str, from_text: bool) -> Module:
+    """`module` once its shapes follow from its operands and its constants are whole (line
+    numbers only where the user's file is the text parsed)."""
+    check_module(module, name, text, with_lines=from_text)
+    return module
 
 
 def _kind(path: Path, data: bytes) -> str:

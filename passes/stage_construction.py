@@ -62,6 +62,11 @@ class StageConstructionPass(Pass):
             mesh = LogicalMesh((cluster.num_devices,), tuple(range(cluster.num_devices)))
             module.analyses["stages"] = [self.whole(ctx, mesh)]
             return
+        if sum(_is_heavy(x) for x in _activations(split)) < 2:
+            ctx.plan["pipelining"] = {"refused": _LOOPED_LAYERS}
+            mesh = LogicalMesh((cluster.num_devices,), tuple(range(cluster.num_devices)))
+            module.analyses["stages"] = [self.whole(ctx, mesh)]
+            return
         module.analyses["stages"] = self.pipeline(ctx, split)
 
     def whole(self, ctx: CompileContext, mesh: LogicalMesh) -> Stage:
@@ -240,7 +245,7 @@ class StageConstructionPass(Pass):
         forward = _activations(split)
         index = {x: i for i, x in enumerate(forward)}
         flops = [costs[x].flops if x in costs else 0.0 for x in forward]
-        heavy = [x.opcode in ("dot", "convolution") for x in forward]
+        heavy = [_is_heavy(x) for x in forward]
         edges = [(index[o], index[x], o.shape.byte_size) for x in forward for o in x.operands
                  if o in index]
         if self.layers:
@@ -264,6 +269,14 @@ def _stage_rule(stage_module, graph, mesh, megatron: bool, lean: bool):
 
 
 _SOLVE_OVERHEAD_OPS = 50
+_LOOPED_LAYERS = ("fewer than two dots or convolutions of the forward pass sit outside loops "
+                  "(layers applied by a while/scan loop): pipeline stages cannot be cut inside "
+                  "a loop yet, so the step runs as one stage")
+
+
+def _is_heavy(x) -> bool:
+    """An instruction that anchors a layer: Alpa's layers are cut around dots and convolutions."""
+    return x.opcode in ("dot", "convolution")
 
 
 def _cheapest_to_price(forward, flops, heavy, edges):

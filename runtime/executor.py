@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from alpac.errors import UserError
+from runtime.collectives import reduce_scatters_as_all_reduces
 from runtime.comm import Comm
 from runtime.timeline import Task, Timeline
 from runtime.transfers import TAG_BASE, TAG_CARRY, Move, Mover, host_dtype
@@ -76,8 +77,13 @@ class Executor:
                 except OSError as e:
                     raise UserError(f"cannot read module {mod.name}: {e.strerror}",
                                     path=str(path)) from None
+            text = texts[mod.file]
+            devices = self.meshes[mod.mesh]
+            if devices[0].platform == "cpu" and len({d.process_index for d in devices}) > 1:
+                # gloo's reduce-scatter may send overwritten data (runtime/collectives.py)
+                text = reduce_scatters_as_all_reduces(text, len(devices))
             try:
-                exe = compile_hlo(texts[mod.file], self.meshes[mod.mesh])
+                exe = compile_hlo(text, devices)
             except ValueError as e:
                 raise UserError(str(e), path=str(path)) from None
             if len(exe.parameter_types) != len(mod.parameters) or \

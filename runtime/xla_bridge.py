@@ -68,7 +68,10 @@ def hlo_text_from_proto(data: bytes) -> str:
     """HLO text of a serialized HloModuleProto (raises ValueError if it is not one)."""
     _, hlo, _, _ = _jaxlib()
     try:
-        return hlo.HloModule.from_serialized_hlo_module_proto(data).to_string()
+        module = hlo.HloModule.from_serialized_hlo_module_proto(data)
+        options = hlo.HloPrintOptions()
+        options.print_large_constants = True  # the default prints big constants as {...}
+        return module.to_string(options)
     except Exception as e:  # jaxlib raises its own XlaRuntimeError types
         raise ValueError(_first_line(e)) from None
 
@@ -81,7 +84,7 @@ def hlo_text_from_stablehlo(text: str) -> str:
                                                         return_tuple=False)
     except Exception as e:
         raise ValueError(_first_line(e)) from None
-    return comp.as_hlo_text()
+    return comp.as_hlo_text(print_large_constants=True)
 
 
 def xla_reprint(text: str) -> str:
@@ -163,6 +166,26 @@ def _backends_started() -> bool:
 
 # ---- compile -------------------------------------------------------------------------------
 
+_WIDE_TYPES = re.compile(r"\b(s64|u64|f64|c128)\[")
+
+
+def _allow_64bit_types(text: str) -> None:
+    """jax turns 64-bit host arrays into 32-bit ones unless x64 is on: a module with 64-bit
+    types (PyTorch/XLA's s64 token ids, f64 scalars) needs it to take and return them."""
+    if _WIDE_TYPES.search(text):
+        import jax
+        jax.config.update("jax_enable_x64", True)
+
+
+def _initialize_lapack(text: str) -> None:
+    """jaxlib's LAPACK custom-call targets (`lapack_spotrf_ffi`, ... which jax emits for
+    linear algebra on CPU) call through function pointers that jax sets up only when it lowers
+    such an op itself; a module read from a file needs them set up here (else XLA crashes)."""
+    if 'custom_call_target="lapack_' in text:
+        from jaxlib import lapack
+        lapack._lapack.initialize()
+
+
 def compile_hlo(text: str, devices: list, *, spmd: bool = True) -> "Executable":
     """Compile HLO text for `devices` (partition i runs on devices[i]).
 
@@ -175,6 +198,8 @@ def compile_hlo(text: str, devices: list, *, spmd: bool = True) -> "Executable":
     devices = list(devices)
     if not devices:
         raise ValueError("compile_hlo needs at least one device")
+    _allow_64bit_types(text)
+    _initialize_lapack(text)
     if len({d.id for d in devices}) != len(devices):
         raise ValueError(f"devices repeat: {[d.id for d in devices]}")
     if not spmd and len(devices) != 1:

@@ -17,9 +17,9 @@ import numpy as np
 
 from alpac.autoshard.resharding import Collective, reshard
 from alpac.autoshard.space import array_shardings
-from alpac.autoshard.strategies import COLLECTIVE_OPS, FUSIBLE, MATERIALIZED, Strategy, \
-    follow, followed_operand, is_transparent, replicated_strategy, source_strategies, \
-    transparent_operand_needs
+from alpac.autoshard.strategies import COLLECTIVE_OPS, FUSIBLE, MATERIALIZED, \
+    UNSUPPORTED_OPS, Strategy, follow, followed_operand, is_transparent, replicated_strategy, \
+    rule_strategies, source_strategies, transparent_operand_needs
 from alpac.costmodel import CostModel
 from alpac.costs import CostTable
 from alpac.errors import UserError
@@ -107,6 +107,7 @@ class _Builder:
         self.death: dict[int, int] = {}
         self.live_values: dict[int, Value] = {}
         self._reshard_cache: dict = {}
+        self._transparent_done: set = set()  # (id(operand), node, required, mult) priced
         self.values = self.out.values  # one environment: instructions are unique objects
         self.users = {i: u for c in module.computations for i, u in c.users().items()}
 
@@ -155,6 +156,9 @@ class _Builder:
                 raise UserError(f"instruction '{instr.name}' is an {instr.opcode} collective: the module is "
                                 f"already partitioned; alpac needs the module before SPMD "
                                 f"partitioning")
+            if instr.opcode in UNSUPPORTED_OPS:
+                raise UserError(f"instruction '{instr.name}' ({instr.opcode}) is "
+                                f"{UNSUPPORTED_OPS[instr.opcode]}")
             if instr.opcode == "rng-bit-generator" and instr.operands[0].shape.is_tuple:
                 raise UserError(f"instruction '{instr.name}' is an rng-bit-generator whose state "
                                 f"is a tuple; XLA (StableHLO) needs an array state, so the "
@@ -226,6 +230,13 @@ class _Builder:
             for idx, _ in instr.shape.leaves():
                 self.values[(instr, idx)] = self.leaf(src, (instr.tuple_index,) + idx)
             return
+        if op == "opt-barrier" and instr.operands and instr.operands[0].shape.is_tuple:
+            # a barrier (rematerialization) hands its tuple on as it is: every leaf keeps the
+            # sharding it has, as XLA keeps it (a replicated barrier would gather each one)
+            src = instr.operands[0]
+            for idx, _ in instr.shape.leaves():
+                self.values[(instr, idx)] = self.leaf(src, idx)
+            return
         if op == "while":
             self.while_loop(instr, mult)
             return
@@ -244,9 +255,7 @@ class _Builder:
                 self.graph.constant += float(seconds[0])
             plan = InstrPlan(node, strategies, mult)
         else:
-            strategies = self.hinted(instr, source_strategies(instr, self.mesh_shape)
-                                     if instr.opcode != "custom-call"
-                                     else [replicated_strategy(instr)])
+            strategies = self.hinted(instr, self.source_choices(instr, base))
             if not strategies:
                 strategies = [replicated_strategy(instr)]
             plan = InstrPlan(self.add_node(instr, strategies, mult), strategies, mult)
@@ -256,12 +265,35 @@ class _Builder:
             self.values[(instr, idx)] = self.new_value(
                 plan.node, [st.outputs[k] for st in plan.strategies], instr, idx, shape)
 
+    def source_choices(self, instr: Instruction, base: int | None) -> list[Strategy]:
+        """The strategies of an instruction that follows no priced value. One that follows a
+        transparent operand (made from constants, in any sharding for free) may take any
+        sharding of that operand: a slice of a large mask need not be replicated."""
+        if base is not None and is_transparent(instr.operands[base]):
+            shardings = array_shardings(instr.operands[base].shape.dims, self.mesh_shape)
+            unique = {}
+            for s in shardings:
+                st = follow(instr, base, s, self.mesh_shape)
+                unique.setdefault((st.outputs, st.inputs), st)
+            return list(unique.values())
+        if instr.opcode == "custom-call":
+            return rule_strategies(instr, self.mesh_shape)
+        return source_strategies(instr, self.mesh_shape)
+
     def leaf(self, instr: Instruction, idx: tuple) -> Value:
         v = self.values.get((instr, idx))
-        if v is None:  # a transparent value inside a tuple: fixed, replicated
+        if v is None:  # a transparent value put in a tuple (a loop's zero-initialised state)
             shape = instr.shape.subshape(idx)
-            v = Value(None, [Sharding.replicated(shape.rank)], shape, instr, idx)
-            self.values[(instr, idx)] = v
+            if instr.shape.is_tuple or shape.rank == 0:
+                v = Value(None, [Sharding.replicated(shape.rank)], shape, instr, idx)
+                self.values[(instr, idx)] = v
+                return v
+            strategies = self.hinted(instr, [
+                Strategy(str(s), (s,), (), s.num_tiles(self.mesh_shape))
+                for s in array_shardings(shape.dims, self.mesh_shape)])
+            node = self.add_node(instr, strategies, 1.0)
+            self.out.plans[instr] = InstrPlan(node, strategies, 1.0)
+            v = self.new_value(node, [st.outputs[0] for st in strategies], instr, idx, shape)
         return v
 
     # ---- operands and edges ---------------------------------------------------------------
@@ -277,6 +309,12 @@ class _Builder:
         """Price giving `operand` the sharding `required[i]` for strategy i of `node`."""
         if is_transparent(operand):
             self.out.uses.append(Use(None, user, k, (), node, required, mult))
+            # a transparent value is built once per sharding; reached again (a DAG of
+            # constant arithmetic, e.g. an RNG's bit mixing), it is already priced
+            key = (id(operand), node, tuple(required), mult)
+            if key in self._transparent_done:
+                return
+            self._transparent_done.add(key)
             needs = [transparent_operand_needs(operand, r, self.mesh_shape) for r in required]
             for j, inner in enumerate(operand.operands):
                 self.require(inner, [n[j] for n in needs], node, mult, operand, j)
@@ -478,7 +516,9 @@ def build_graph(module: Module, mesh: LogicalMesh, cluster, costs: CostTable,
 
 def collectives_of(sg: ShardingGraph, choice: list[int]) -> list[tuple[str, Collective, float]]:
     """The collectives the chosen strategies imply: (instruction, collective, multiplier).
-    Resharding one value into one sharding counts once, as it is written once."""
+    Resharding one value into one sharding counts once, as it is written once; so does
+    gathering one value whole: XLA makes every sharding that needs the whole value first (an
+    all-gather, then a local slice) from one replicated copy."""
     out = []
     for instr, plan in sg.plans.items():
         if plan.strategies:
@@ -489,11 +529,17 @@ def collectives_of(sg: ShardingGraph, choice: list[int]) -> list[tuple[str, Coll
         if use.value is None:
             continue
         src, req = use.value.sharding(choice), use.required_sharding(choice)
+        if src == req or (id(use.value), req) in seen:
+            continue
+        shape = use.value.shape
+        colls = reshard(shape.dims, shape.element_bits, src, req, tuple(sg.mesh.shape))
+        if len(colls) == 1 and colls[0].kind == "all-gather" and \
+                colls[0].nbytes == shape.byte_size:  # gathered whole, then sliced
+            req = Sharding.replicated(shape.rank)
         key = (id(use.value), req)
-        if src == req or key in seen:
+        if key in seen:
             continue
         seen.add(key)
-        for c in reshard(use.value.shape.dims, use.value.shape.element_bits, src, req,
-                         tuple(sg.mesh.shape)):
+        for c in colls:
             out.append((use.value.producer.name, c, use.multiplier))
     return out

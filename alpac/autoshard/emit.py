@@ -4,7 +4,11 @@ Every instruction gets a `sharding=`. Where a user needs an operand in another s
 the operand has, an explicit `copy` carrying the needed sharding is inserted: XLA then
 reshards exactly there, with the collective the plan predicted, instead of choosing its own
 way around a mismatched dot. Transparent values (constants, iota, broadcasts) are cloned once
-per sharding their users need. User shardings already in the module are replaced.
+per sharding their users need; a clone computed from constants alone is handed to its users
+through a `Sharding` custom-call, because XLA folds such a value into one splat constant when it
+reads the module (dropping its annotation and merging it with equal constants of other
+shardings), and would otherwise partition a scatter or gather by whatever sharding its
+propagation then infers. User shardings already in the module are replaced.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ class _Emitter:
         self.module = sg.module
         self.copies: dict[tuple[int, Sharding], Instruction] = {}
         self.clones: dict[tuple[int, Sharding], Instruction] = {}
+        self.pins: dict[int, Instruction] = {}  # id(clone) -> its Sharding custom-call
+        self.constant_only: dict[int, bool] = {}
         self.inserted: set[int] = set()  # copies and clones carry their own sharding
         self.channel: int | None = None
 
@@ -80,6 +86,41 @@ class _Emitter:
             return operand
         return self.reshard_copy(operand, target)
 
+    def use_operand(self, operand: Instruction, target: Sharding) -> Instruction:
+        """`operand` in sharding `target` for a user that is not itself transparent. A clone
+        made of constants alone is pinned with a `Sharding` custom-call (what JAX writes for
+        with_sharding_constraint): XLA folds the clone into a splat constant, losing its
+        annotation, but keeps the custom-call."""
+        new = self.operand_in(operand, target)
+        if new is operand or not is_transparent(operand) or target.rank == 0 or \
+                not self.is_constant_only(operand):
+            return new
+        pin = self.pins.get(id(new))
+        if pin is None:
+            pin = Instruction(self.module.unique_name(f"{new.name}.pin"), "custom-call",
+                              new.shape, [new], {"custom_call_target": '"Sharding"',
+                                                 "sharding": self.text(target)})
+            new.parent.append(pin)
+            self.inserted.add(id(pin))
+            self.pins[id(new)] = pin
+        return pin
+
+    def is_constant_only(self, instr: Instruction) -> bool:
+        """Whether `instr` is computed from constants and iotas alone (XLA may fold it)."""
+        memo = self.constant_only
+        stack = [(instr, False)]
+        while stack:  # operands first, without recursion: constant DAGs can be deep
+            i, ready = stack.pop()
+            if id(i) in memo:
+                continue
+            if not ready:
+                stack.append((i, True))
+                stack.extend((o, False) for o in i.operands if id(o) not in memo)
+                continue
+            memo[id(i)] = i.opcode in ("constant", "iota") or (
+                is_transparent(i) and bool(i.operands) and all(memo[id(o)] for o in i.operands))
+        return self.constant_only[id(instr)]
+
     # ---- the whole module --------------------------------------------------------------------
     def run(self) -> None:
         for instr in self.module.instructions():
@@ -93,7 +134,7 @@ class _Emitter:
             if is_transparent(use.user):
                 continue  # handled when the transparent value is cloned
             operand = use.user.operands[use.slot]
-            new = self.operand_in(operand, required)
+            new = self.use_operand(operand, required)
             if new is not operand:
                 use.user.operands[use.slot] = new
         for comp in self.module.computations:
@@ -142,9 +183,16 @@ class _Emitter:
         manual_ops = []
         for operand, need in zip(instr.operands, st.inputs):
             tile = need.tile_dims(operand.shape.dims, self.mesh_shape)
+            # the region's entry states the sharding it cuts into tiles on a `Sharding`
+            # custom-call of its own, as JAX's shard_map writes it: XLA's import looks there
+            # (an operand taken straight from a tuple, an opt-barrier's, fails to import)
+            full = self.add(comp, Instruction(
+                self.module.unique_name(f"{operand.name}.full"), "custom-call",
+                operand.shape, [operand],
+                {"custom_call_target": '"Sharding"', "sharding": self.text(need)}))
             manual_ops.append(self.add(comp, Instruction(
                 self.module.unique_name(f"{operand.name}.manual"), "custom-call",
-                operand.shape.with_dims(tile), [operand],
+                operand.shape.with_dims(tile), [full],
                 {"custom_call_target": '"SPMDFullToShardShape"', "sharding": "{manual}"})))
         local = self.add(comp, Instruction(
             self.module.unique_name(f"{instr.name}.local"), instr.opcode,
@@ -213,9 +261,9 @@ class _Emitter:
         root = comp.root
         if needed and root.opcode == "tuple" and all(len(idx) == 1 for idx in needed):
             for (k,), target in needed.items():
-                root.operands[k] = self.operand_in(root.operands[k], target)
+                root.operands[k] = self.use_operand(root.operands[k], target)
         elif needed and not root.shape.is_tuple and () in needed:
-            comp.root = self.operand_in(root, needed[()])
+            comp.root = self.use_operand(root, needed[()])
             root = comp.root
         elif needed:
             raise ValueError(f"cannot reshard the result of {comp.name}: root {root.name} is "

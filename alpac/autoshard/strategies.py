@@ -35,7 +35,7 @@ class Strategy:
     collectives: tuple[Collective, ...] = ()
 
 
-IDENTITY = ELEMENTWISE_UNARY | {"copy", "convert", "reduce-precision", "optimization-barrier"}
+IDENTITY = ELEMENTWISE_UNARY | {"copy", "convert", "reduce-precision", "opt-barrier"}
 TRANSPARENT = frozenset({"constant", "iota", "broadcast"})
 REPLICATED_ONLY = frozenset({"rng", "rng-bit-generator", "rng-get-and-update-state",
                              "infeed", "outfeed", "send", "recv", "send-done", "recv-done",
@@ -46,6 +46,20 @@ COLLECTIVE_OPS = frozenset({"all-reduce", "all-gather", "reduce-scatter", "all-t
                             "collective-permute", "all-reduce-start", "all-gather-start",
                             "collective-permute-start", "all-reduce-done", "all-gather-done",
                             "collective-permute-done", "collective-broadcast"})
+#: opcodes alpac refuses (exit 2), with why: they appear only after XLA's own optimization
+#: passes, talk to the host, or mean nothing before partitioning; the module cannot be run
+UNSUPPORTED_OPS = {
+    **dict.fromkeys(("async-start", "async-update", "async-done", "copy-start", "copy-done"),
+                    "an asynchronous pair that only XLA's scheduling passes create; alpac needs "
+                    "the module before optimization"),
+    "bitcast": "a layout bitcast that only XLA's layout assignment creates; alpac needs the "
+               "module before optimization",
+    **dict.fromkeys(("infeed", "outfeed", "send", "recv", "send-done", "recv-done"),
+                    "host or channel I/O, which alpa-run cannot serve"),
+    "partition-id": "a value that depends on the partitioning; alpac needs the module before "
+                    "SPMD partitioning",
+    "set-dimension-size": "a dynamic shape; alpac plans static shapes only",
+}
 FUSIBLE = ELEMENTWISE | {"convert", "copy", "broadcast", "reshape", "bitcast", "transpose",
                          "slice", "iota", "constant"}
 MATERIALIZED = frozenset({"dot", "convolution", "reduce", "reduce-window", "gather", "scatter",
@@ -64,6 +78,54 @@ def replicated_strategy(instr: Instruction) -> Strategy:
     ins = tuple(None if op.shape.is_tuple else Sharding.replicated(op.shape.rank)
                 for op in instr.operands)
     return Strategy("R", outs, ins)
+
+
+def rule_strategies(instr: Instruction, mesh_shape) -> list[Strategy]:
+    """Strategies of a custom-call from its Shardy sharding rule: one result factor split over
+    a group of mesh axes, with the operand dimensions at the same position and of the same size
+    split alike (a fused kernel's rule may name the batch of each operand apart, as the step
+    analysis also assumes). Factors the rule marks reduction, blocked or need-replication are
+    never split. No rule: replicated only."""
+    rule = instr.sharding_rule()
+    leaves = leaf_shapes(instr)
+    if rule is None or len(rule[1]) != len(leaves) or len(rule[0]) != len(instr.operands):
+        return [replicated_strategy(instr)]
+    operand_factors, result_factors, sizes = rule
+    out = [replicated_strategy(instr)]
+    axes = _axes(mesh_shape)
+    groups = [g for n in range(1, len(axes) + 1) for g in itertools.combinations(axes, n)]
+    for f in dict.fromkeys(f for facs in result_factors for f in facs):
+        linked = _linked_factors(f, operand_factors, sizes)
+        if linked is None:
+            continue
+        for group in groups:
+            ways = math.prod(mesh_shape[a] for a in group)
+            if sizes.get(f, 0) % ways or sizes.get(f, 0) == 0:
+                continue
+
+            def spec(facs, rank):
+                return Sharding(tuple(group if k < len(facs) and facs[k] in linked else ()
+                                      for k in range(rank)))
+            ins = tuple(None if o.shape.is_tuple else spec(facs, o.shape.rank)
+                        for o, facs in zip(instr.operands, operand_factors))
+            outs = tuple(spec(facs, leaf.rank) for leaf, facs in zip(leaves, result_factors))
+            out.append(Strategy(f"{f}:{group}", outs, ins, ways))
+    return out
+
+
+def _linked_factors(f: str, operand_factors, sizes) -> set[str] | None:
+    """`f` and the factors at its position, of its size, in the other operands; None when
+    `f` may not be split."""
+    if any(g == f + "!" for facs in operand_factors for g in facs):
+        return None
+    spots = [k for facs in operand_factors for k, g in enumerate(facs) if g == f]
+    linked = {f}
+    for facs in operand_factors:
+        for k in spots:
+            if k < len(facs) and not facs[k].endswith("!") and \
+                    sizes.get(facs[k]) == sizes.get(f):
+                linked.add(facs[k])
+    return linked
 
 
 def _axes(mesh_shape) -> list[int]:
@@ -110,21 +172,15 @@ def _reduction_variants(name, out_axes, out_dims, partial_axes, elem_bits, mesh_
 # ---- sources ----------------------------------------------------------------------------------
 
 def source_strategies(instr: Instruction, mesh_shape: tuple[int, ...]) -> list[Strategy]:
-    op = instr.opcode
-    if op == "parameter" and not instr.shape.is_tuple:
-        return [Strategy(str(s), (s,), (), s.num_tiles(mesh_shape))
-                for s in array_shardings(instr.shape.dims, mesh_shape)]
-    if op == "dot":
-        return dot_strategies(instr, mesh_shape)
-    if op == "convolution":
-        return conv_strategies(instr, mesh_shape)
-    if op == "reduce":
-        return reduce_strategies(instr, mesh_shape)
-    if op == "gather":
-        return gather_strategies(instr, mesh_shape)
-    if op == "scatter":
-        return scatter_strategies(instr, mesh_shape)
-    return [replicated_strategy(instr)]
+    rule = SOURCE_RULES.get(instr.opcode)
+    if rule is None or instr.shape.is_tuple and instr.opcode == "parameter":
+        return [replicated_strategy(instr)]
+    return rule(instr, mesh_shape)
+
+
+def parameter_strategies(instr: Instruction, mesh_shape) -> list[Strategy]:
+    return [Strategy(str(s), (s,), (), s.num_tiles(mesh_shape))
+            for s in array_shardings(instr.shape.dims, mesh_shape)]
 
 
 def dot_strategies(instr: Instruction, mesh_shape) -> list[Strategy]:
@@ -338,20 +394,32 @@ def _indexed_strategies(instr, operand, indices, choices, mesh_shape, out_is_ope
     return out
 
 
+#: the sources with strategies of their own (`source_strategies`); any other source is replicated
+SOURCE_RULES = {"parameter": parameter_strategies, "dot": dot_strategies,
+                "convolution": conv_strategies, "reduce": reduce_strategies,
+                "gather": gather_strategies, "scatter": scatter_strategies}
+
+
 # ---- followers ------------------------------------------------------------------------------
+
+#: ops that follow the sharding of their first operand (`followed_operand`, `follow`), besides
+#: IDENTITY; `_whole_dims` says which dimensions some of them need whole
+FOLLOW_FIRST = frozenset({"transpose", "reshape", "bitcast", "reverse", "slice", "dynamic-slice",
+                          "sort", "reduce-window", "batch-norm-training",
+                          "batch-norm-inference", "batch-norm-grad", "select-and-scatter",
+                          "pad", "dynamic-update-slice"})
+#: ops that follow their largest operand of their rank that is not transparent
+FOLLOW_LARGEST = ELEMENTWISE | {"concatenate"}
+
 
 def followed_operand(instr: Instruction, transparent) -> int | None:
     """Index of the operand whose sharding this instruction follows, or None for a source."""
     op = instr.opcode
-    if op in IDENTITY or op in ("transpose", "reshape", "bitcast", "reverse", "slice",
-                                "dynamic-slice", "sort", "reduce-window",
-                                "batch-norm-training", "batch-norm-inference",
-                                "batch-norm-grad", "select-and-scatter", "pad",
-                                "dynamic-update-slice"):
+    if op in IDENTITY or op in FOLLOW_FIRST:
         return 0 if instr.operands and not instr.operands[0].shape.is_tuple else None
-    if op == "custom-call" and instr.custom_call_target == "Sharding":
+    if instr.is_identity_call:
         return 0
-    if op in ELEMENTWISE or op == "concatenate":
+    if op in FOLLOW_LARGEST:
         candidates = [i for i, o in enumerate(instr.operands)
                       if not transparent(o) and o.shape.rank == instr.shape.rank
                       and not o.shape.is_tuple]
@@ -375,7 +443,7 @@ def follow(instr: Instruction, index: int, s: Sharding, mesh_shape) -> Strategy:
         return Strategy(str(out), (out,), ins, out.num_tiles(mesh_shape))
 
     if op in IDENTITY or op in ELEMENTWISE or (op == "custom-call"):
-        if op == "optimization-barrier":
+        if op == "opt-barrier":
             return Strategy(str(s), (s,), (s,), 1)
         return same_for_all(s)
     if op == "transpose":
@@ -408,7 +476,6 @@ def follow(instr: Instruction, index: int, s: Sharding, mesh_shape) -> Strategy:
         outs = tuple(kept for _ in leaf_shapes(instr))
         ins = tuple(kept if o.shape.rank == kept.rank else Sharding.replicated(o.shape.rank)
                     for o in ops)
-        del n_arrays
         return Strategy(str(kept), outs, ins, kept.num_tiles(mesh_shape))
     if op.startswith("batch-norm"):
         outs = tuple(kept if leaf.rank == kept.rank else

@@ -41,8 +41,21 @@ TRANSCENDENTAL = frozenset({
     "cosine", "erf", "exponential", "exponential-minus-one", "log", "log-plus-one", "logistic",
     "power", "rsqrt", "sine", "sqrt", "tan", "tanh", "cbrt", "atan2",
 })
+# custom-calls that pass their one operand through unchanged (sharding and placement
+# annotations): every analysis treats them as the identity
+IDENTITY_CUSTOM_CALLS = frozenset({
+    "Sharding", "annotate_device_placement", "MoveToHost", "MoveToDevice",
+    "xla.sdy.FuncResultSharding", "LayoutConstraint", "xla_python_cpu_callback_identity",
+})
 
 _DIMS = re.compile(r"-?\d+")
+_SDY_RULE = re.compile(r"#sdy\.op_sharding_rule<\((.*?)\)->\((.*?)\)\s*\{([^}]*)\}(.*?)>")
+_SDY_SPECIAL = re.compile(r"(reduction|need_replication|permutation|blocked)")
+
+
+def _factor_lists(text: str) -> list[list[str]]:
+    return [[f.strip() for f in grp.split(",") if f.strip()]
+            for grp in re.findall(r"\[([^\]]*)\]", text)]
 
 
 class ComputationRefs(tuple):
@@ -115,6 +128,35 @@ class Instruction:
     def custom_call_target(self) -> str | None:
         value = self.attrs.get("custom_call_target")
         return None if value is None else str(value).strip('"')
+
+    def sharding_rule(self):
+        """(operand factors, result factors, factor sizes) of a custom-call's Shardy
+        `op_sharding_rule`, or None. Factors the rule marks reduction, need-replication,
+        permutation or blocked carry a trailing '!' in the operand lists."""
+        text = str(self.attrs.get("frontend_attributes", ""))
+        if "op_sharding_rule" not in text:
+            return None
+        m = _SDY_RULE.search(text.replace('\\"', '"'))
+        if not m:
+            return None
+        sizes = {}
+        for item in m.group(3).split(","):
+            k, _, v = item.partition("=")
+            if v.strip().isdigit():
+                sizes[k.strip()] = int(v)
+        special = m.group(4)
+        ops, res = _factor_lists(m.group(1)), _factor_lists(m.group(2))
+        if _SDY_SPECIAL.search(special):
+            bad = set(re.findall(r"\b([a-z]\w*)\b", special.split("}", 1)[0]))
+            ops = [[f if f not in bad else f + "!" for f in grp] for grp in ops]
+        return ops, res, sizes
+
+    @property
+    def is_identity_call(self) -> bool:
+        """A custom-call that returns its one operand as it is (an annotation)."""
+        return (self.opcode == "custom-call" and self.custom_call_target in IDENTITY_CUSTOM_CALLS
+                and len(self.operands) == 1
+                and self.shape.without_layout() == self.operands[0].shape.without_layout())
 
     def window(self) -> dict[str, list]:
         """`window={size=3x3 stride=2x2 pad=1_1x1_1}` as lists per dimension."""

@@ -17,6 +17,7 @@ from alpac.errors import UserError
 from alpac.hlo.ir import COMPUTATION_ATTRS, ELEMENTWISE, Alias, Computation, ComputationRefs, \
     Instruction, Module
 from alpac.hlo.shape import Shape, ShapeSyntaxError, parse_shape
+from alpac.hlo.shapecheck import same_shape
 
 _SPECIAL = re.compile(r'[(){}\[\]",]')
 _VALUE_STOP = re.compile(r'[\s(){}\[\]",]')
@@ -28,6 +29,8 @@ _OPCODE = re.compile(r"([a-z][a-z0-9\-]*)\s*\(")
 _KEY = re.compile(r"([A-Za-z_][\w.\-]*)\s*=")
 _OPERAND_NAME = re.compile(r"%?([^\s=(){},%]+)$")
 _OPENERS = {"(": ")", "{": "}", "[": "]"}
+_STACK_SECTION = re.compile(
+    r"(?:FileNames|FunctionNames|FileLocations|StackFrames)[ \t]*\n(?:[ \t]*\d+[ \t][^\n]*\n?)*")
 
 
 class _Error(Exception):
@@ -177,6 +180,7 @@ class _Parser:
             raise _Error("expected a module name after 'HloModule'", pos)
         module_name = text[pos:self.value_end(pos)]
         header, header_where, pos = self.attributes(self.value_end(pos))
+        pos = self.skip_stack_frames(pos)
 
         parsed: list[tuple[Computation, list, int]] = []
         seen: set[str] = set()
@@ -222,6 +226,17 @@ class _Parser:
             except (ValueError, ShapeSyntaxError, IndexError) as e:
                 raise _Error(f"malformed {key}: {e}", header_where[key]) from None
         return module
+
+    def skip_stack_frames(self, pos: int) -> int:
+        """Skip the debug tables XLA prints after the header when the module carries stack
+        frames (`FileNames`, `FunctionNames`, `FileLocations`, `StackFrames`, each a list of
+        numbered rows); instructions keep their `stack_frame_id` as metadata text."""
+        while True:
+            pos = self.skip(pos)
+            m = _STACK_SECTION.match(self.text, pos)
+            if not m:
+                return pos
+            pos = m.end()
 
     # ---- computations -----------------------------------------------------------------------
     def computation(self, pos: int):
@@ -272,14 +287,17 @@ class _Parser:
                 root = instr
         if not comp.instructions:
             raise _Error(f"computation '{name}' has no instructions", pos - 1)
+        typed = []  # operands printed with a shape: (instruction, operand, shape text, offset)
         for instr, refs in operand_refs:
             ops = []
-            for ref, offset in refs:
+            for ref, offset, shape_text in refs:
                 op = names.get(ref)
                 if op is None:
                     raise _Error(f"operand '{ref}' of '{instr.name}' is not defined in "
                                  f"computation '{name}'", offset)
                 ops.append(op)
+                if shape_text:
+                    typed.append((instr, op, shape_text, offset))
             instr.operands = ops
         for instr in comp.instructions:  # in order, so inferred shapes feed later ones
             if instr.shape is None:
@@ -287,6 +305,8 @@ class _Parser:
                 if instr.shape is None:
                     raise _Error(f"'{instr.name}' has no shape and its shape cannot be "
                                  f"inferred from its operands", instr.line)
+        for instr, op, shape_text, offset in typed:
+            _check_operand_shape(instr, op, shape_text, offset)
         comp.root = root or comp.instructions[-1]
         try:
             comp.topological_sort()
@@ -336,11 +356,28 @@ class _Parser:
                 nm = _OPERAND_NAME.search(item)
                 if not nm:
                     raise _Error(f"malformed operand '{item[:40]}' of '{name}'", a)
-                refs.append((nm.group(1), self.skip(a)))
+                refs.append((nm.group(1), self.skip(a), item[:nm.start()]))
         attrs, where, pos = self.attributes(close + 1)
         called = {k: (v, where[k]) for k, v in attrs.items() if k in COMPUTATION_ATTRS}
         instr = Instruction(name, opcode, shape, (), attrs, payload, start)
         return instr, is_root, refs, called, pos
+
+
+def _check_operand_shape(instr: Instruction, op: Instruction, text: str, offset: int) -> None:
+    """An operand printed with its shape (`f32[8]{0} %x`) must be printed with the shape it
+    was defined with (layouts aside), as XLA's parser requires."""
+    try:
+        shape, end = parse_shape(text)
+    except ShapeSyntaxError as e:
+        raise _Error(f"malformed shape of operand '{op.name}' of '{instr.name}': {e}",
+                     offset) from None
+    if text[end:].strip():
+        raise _Error(f"malformed operand '{text.strip()[:40]} %{op.name}' of '{instr.name}'",
+                     offset)
+    if not same_shape(shape, op.shape):
+        raise _Error(f"'{instr.name}' gives its operand '{op.name}' the shape "
+                     f"{shape.without_layout()}, but '{op.name}' is "
+                     f"{op.shape.without_layout()}", offset)
 
 
 def _infer_shape(instr: Instruction) -> Shape | None:

@@ -92,7 +92,7 @@ class Dataflow(OpRules):
             "slice": self._slice, "dynamic-slice": self._dynamic_slice,
             "dynamic-update-slice": self._dus, "pad": self._pad,
             "concatenate": self._concatenate, "gather": self._gather, "scatter": self._scatter,
-            "sort": self._sort, "reverse": self._reverse, "reduce-window": self._reduce_window,
+            "sort": self._sort, "topk": self._topk, "reverse": self._reverse, "reduce-window": self._reduce_window,
             "select-and-scatter": self._select_and_scatter,
             "batch-norm-training": self._bn_training, "batch-norm-grad": self._bn_training,
             "batch-norm-inference": self._bn_inference, "custom-call": self._custom_call,

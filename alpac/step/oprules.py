@@ -13,11 +13,7 @@ import re
 from alpac.hlo.ir import Instruction
 from alpac.step.lattice import FULL, INDEP, PSUM, Cls, like_shape, split
 
-_IDENTITY_TARGETS = frozenset({"Sharding", "annotate_device_placement", "MoveToHost",
-                               "MoveToDevice", "xla.sdy.FuncResultSharding", "LayoutConstraint",
-                               "xla_python_cpu_callback_identity"})
 
-_SDY_RULE = re.compile(r"#sdy\.op_sharding_rule<\((.*?)\)->\((.*?)\)\s*\{([^}]*)\}(.*?)>")
 
 def _slice_spec(instr: Instruction) -> list[tuple[int, int, int]]:
     out = []
@@ -315,6 +311,17 @@ class OpRules:
         return self._full(x, ocs) if any(c.kind in "PF" for c in ocs) else \
             like_shape(x.shape, INDEP)
 
+    def _topk(self, x, ocs):
+        """The k largest along the last dim: a split on another dim passes to both results."""
+        c = ocs[0]
+        if c.kind == "S":
+            if c.dim == x.operands[0].shape.rank - 1:
+                return self._mix(x, "a top-k across examples")
+            return like_shape(x.shape, c)
+        if c.kind in "PF":
+            return self._full(x, ocs)
+        return like_shape(x.shape, INDEP)
+
     def _reverse(self, x, ocs):
         c = ocs[0]
         if c.kind == "S":
@@ -385,11 +392,9 @@ class OpRules:
         return self._opaque(x, ocs)
 
     def _custom_call(self, x, ocs):
-        target = x.custom_call_target
-        if target in _IDENTITY_TARGETS and len(ocs) == 1 and \
-                x.shape.without_layout() == x.operands[0].shape.without_layout():
+        if x.is_identity_call:
             return ocs[0]
-        rule = _sdy_rule(x)
+        rule = x.sharding_rule()
         if rule is not None:
             out = self._by_factors(x, ocs, *rule)
             if out is not None:
@@ -440,27 +445,3 @@ class OpRules:
         return outs[0] if len(outs) == 1 else None
 
 
-def _sdy_rule(x: Instruction):
-    """(operand factors, result factors, factor sizes) of a custom-call's Shardy rule."""
-    text = str(x.attrs.get("frontend_attributes", ""))
-    if "op_sharding_rule" not in text:
-        return None
-    m = _SDY_RULE.search(text.replace('\\"', '"'))
-    if not m:
-        return None
-
-    def factor_lists(s: str) -> list[list[str]]:
-        return [[f.strip() for f in grp.split(",") if f.strip()]
-                for grp in re.findall(r"\[([^\]]*)\]", s)]
-
-    sizes = {}
-    for item in m.group(3).split(","):
-        k, _, v = item.partition("=")
-        if v.strip().isdigit():
-            sizes[k.strip()] = int(v)
-    special = m.group(4)
-    ops, res = factor_lists(m.group(1)), factor_lists(m.group(2))
-    if re.search(r"(reduction|need_replication|permutation|blocked)", special):
-        bad = set(re.findall(r"\b([a-z]\w*)\b", special.split("}", 1)[0]))
-        ops = [[f if f not in bad else f + "!" for f in grp] for grp in ops]
-    return ops, res, sizes

@@ -26,7 +26,7 @@ from __future__ import annotations
 from alpac.hlo.ir import Instruction, Module
 from alpac.step.batch import BatchInfo, output_sources
 from alpac.step.dataflow import analyse, batch_only
-from alpac.step.oprules import _IDENTITY_TARGETS, reducer_kind
+from alpac.step.oprules import reducer_kind
 from alpac.step.lattice import Cls, leaves
 
 # Opcodes the microbatch rewrite can shrink along the batch.
@@ -40,7 +40,7 @@ REWRITABLE = frozenset({
     "reduce-precision", "reduce-window", "remainder", "reshape", "reverse",
     "round-nearest-afz", "round-nearest-even", "rsqrt", "scatter", "select",
     "select-and-scatter", "shift-left", "shift-right-arithmetic", "shift-right-logical",
-    "sign", "sine", "slice", "sort", "sqrt", "subtract", "tan", "tanh", "transpose", "tuple",
+    "sign", "sine", "slice", "sort", "topk", "sqrt", "subtract", "tan", "tanh", "transpose", "tuple",
     "xor", "batch-norm-inference", "stochastic-convert", "bitcast",
 })
 
@@ -270,8 +270,7 @@ class StepSplit:
                 self._check_rewritable(x.called("body").instructions)
                 self._check_rewritable(x.called("condition").instructions)
                 continue
-            ok = x.opcode in REWRITABLE or (x.opcode == "custom-call"
-                                            and x.custom_call_target in _IDENTITY_TARGETS)
+            ok = x.opcode in REWRITABLE or x.is_identity_call
             if x.opcode == "map" and x.called("to_apply") is None:
                 ok = False
             if not ok:

@@ -1,0 +1,262 @@
+"""Compile and run every zoo program the way a user would, and compare with its reference.
+
+    python testdata/zoo/run.py                  # every program x every configuration -> table
+    python testdata/zoo/run.py hf_gpt2_train    # some programs
+    python testdata/zoo/run.py --configs 2x2    # some configurations
+
+Each (program, configuration) runs `alpac compile` and then `alpa-run --inputs <npz> --save`
+as separate processes, exactly as the README shows, and ends in one of:
+
+- `exact`: alpa-run's outputs match the front end's reference within `RTOL`, measured
+  norm-wise per output (max |out - ref| / max |ref|): the error of a sum is bounded relative
+  to the size of what is summed, not to each element, so reordered reductions (microbatch
+  sums, partitioned dots) stay inside it while a wrong value does not;
+- `refused`: compile or alpa-run exited 2 with one line saying why (a plan that refuses
+  microbatching, e.g. for batch-norm statistics, still compiles and is `exact` with B = 1;
+  its reason is in the plan column);
+- `FAIL`: anything else (exit 1, a traceback, a mismatch).
+
+The corpus modules of ../shared/hlo-corpus that are given before partitioning have no
+reference: they are compiled for the DGX cluster only, with time and peak memory measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+ZOO = ROOT / "testdata" / "zoo"
+CORPUS = ROOT.parent / "shared" / "hlo-corpus"
+CLUSTERS = ROOT / "testdata" / "clusters"
+BIN = Path(sys.executable).parent
+RTOL = 1e-5
+
+#: name -> (compile flags, alpa-run flags); "{two}" is the 2-node x 2-device cluster
+CONFIGS = {
+    "default": ([], ["--devices-per-rank", "2", "--", "np", "4"]),
+    "2x2": (["--cluster", "{two}"], ["--", "np", "4"]),
+    "2x2-mb4": (["--cluster", "{two}", "--micro-batches", "4"], ["--", "np", "4"]),
+    "2x2-pp2": (["--cluster", "{two}", "--layers", "2", "--stages", "0-0,1-1",
+                 "--micro-batches", "4"], ["--", "np", "4"]),
+}
+CORPUS_MODULES = ("mobilenet_v2", "sharded_computation",
+                  "nv_maxtext_1n1g_jit_train_step_before_optimization",
+                  "nv_maxtext_deepseek_1n4g_jit_train_step_before_optimization")
+TWO_BY_TWO = """\
+name: two-by-two
+nodes: 2
+devices_per_node: 2
+device: {name: cpu, memory: 3GiB, flops: {f32: 20e9}}
+links:
+  intra_node: {bandwidth: 10GB/s, latency: 2us}
+  inter_node: {bandwidth: 1GB/s, latency: 20us}
+"""
+
+
+@dataclass
+class Outcome:
+    program: str
+    config: str
+    status: str  # exact | refused | FAIL
+    reason: str = ""
+    compile_s: float = 0.0
+    compile_peak_mb: float = 0.0
+    plan: str = ""
+    max_error: float | None = None
+    instructions: int = 0
+    front_end: str = ""
+    worst: dict = field(default_factory=dict)
+
+
+def manifest() -> dict:
+    """Every zoo program: name -> its manifest entry, with `dir` where its files are (the
+    front-end programs, and the opcode programs that complete the opcode coverage)."""
+    out = {}
+    for folder, listing in ((ZOO / "programs", ZOO / "manifest.json"),
+                            (ZOO / "opcodes", ZOO / "opcodes" / "manifest.json")):
+        if listing.exists():
+            for name, info in json.loads(listing.read_text())["programs"].items():
+                out[name] = {**info, "dir": str(folder)}
+    return out
+
+
+def timed(cmd: list[str], timeout: float) -> tuple[int, str, float, float]:
+    """Run `cmd`; (exit code, output, seconds, peak resident MB of the process tree's
+    largest process), measured with wait4 so nothing else's memory counts."""
+    start = time.perf_counter()
+    with tempfile.TemporaryFile() as log:
+        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        try:
+            _, status, usage = _wait(p, timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+            return 124, f"timed out after {timeout:.0f} s", timeout, 0.0
+        log.seek(0)
+        out = log.read().decode(errors="replace")
+    return os.waitstatus_to_exitcode(status), out, time.perf_counter() - start, \
+        usage.ru_maxrss / 1024
+
+
+def _wait(p: subprocess.Popen, timeout: float):
+    deadline = time.monotonic() + timeout
+    while True:
+        pid, status, usage = os.wait4(p.pid, os.WNOHANG)
+        if pid:
+            p.returncode = os.waitstatus_to_exitcode(status)
+            return pid, status, usage
+        if time.monotonic() > deadline:
+            raise subprocess.TimeoutExpired(p.args, timeout)
+        time.sleep(0.05)
+
+
+def last_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
+
+
+def plan_summary(plan_dir: Path) -> str:
+    plan = json.loads((plan_dir / "plan.json").read_text())
+    meshes = "+".join("x".join(map(str, s["mesh"]["logical_shape"])) for s in plan["stages"])
+    text = f"{len(plan['stages'])} stage(s) [{meshes}], B={plan['num_micro_batches']}"
+    for what in ("pipelining", "microbatching"):
+        if (plan.get(what) or {}).get("refused"):
+            text += f"; {what} refused"
+    return text
+
+
+def run_one(name: str, config: str, work: Path, timeout: float = 900) -> Outcome:
+    """Compile `name` in `config`, run it under alpa-run and compare with its reference."""
+    info = manifest()[name]
+    hlo, npz = Path(info["dir"]) / f"{name}.hlo", Path(info["dir"]) / f"{name}.npz"
+    out = Outcome(name, config, "FAIL", front_end=info.get("frontend", ""),
+                  instructions=_instructions(hlo))
+    flags, run_flags = CONFIGS[config]
+    two = work / "two-by-two.yaml"
+    two.write_text(TWO_BY_TWO)
+    flags = [f.replace("{two}", str(two)) for f in flags]
+    plan = work / f"{name}.{config}.plan"
+    code, text, out.compile_s, out.compile_peak_mb = timed(
+        [str(BIN / "alpac"), "compile", str(hlo), "-o", str(plan), *flags], timeout)
+    if code != 0:
+        out.status = "refused" if code == 2 and _one_line(text) else "FAIL"
+        out.reason = last_line(text)
+        return out
+    out.plan = plan_summary(plan)
+    saved = work / f"{name}.{config}.out.npz"
+    code, text, _, _ = timed([str(BIN / "alpa-run"), str(plan), "--inputs", str(npz),
+                              "--save", str(saved), "--quiet", *run_flags], timeout)
+    if code != 0:
+        out.status = "refused" if code == 2 and _one_line(text) else "FAIL"
+        out.reason = last_line(text)
+        return out
+    errors = compare(saved, npz)
+    out.max_error = max(errors.values(), default=0.0)
+    out.worst = dict(sorted(errors.items(), key=lambda kv: -kv[1])[:3])
+    out.status = "exact" if out.max_error <= RTOL else "FAIL"
+    if out.status == "FAIL":
+        out.reason = f"max error {out.max_error:.3g} > rtol {RTOL:g} (at {next(iter(out.worst))})"
+    return out
+
+
+def compare(saved: Path, reference: Path) -> dict[str, float]:
+    """Norm-wise relative error per output: max |out - ref| / max |ref|."""
+    sys.path.insert(0, str(ROOT))
+    from runtime.data import relative_errors
+    got, ref = np.load(saved), np.load(reference)
+    keys = sorted((k for k in ref.files if k.startswith("out")), key=lambda k: int(k[3:]))
+    errs = relative_errors([got[k] for k in keys], [ref[k] for k in keys])
+    return dict(zip(keys, errs))
+
+
+def compile_corpus(name: str, work: Path, timeout: float = 600) -> Outcome:
+    """A corpus module (no reference) compiled for the DGX cluster: time and peak memory."""
+    hlo = CORPUS / f"{name}.hlo"
+    out = Outcome(name, "dgx-a100-x4", "FAIL", front_end="corpus",
+                  instructions=_instructions(hlo))
+    plan = work / f"{name}.plan"
+    code, text, out.compile_s, out.compile_peak_mb = timed(
+        [str(BIN / "alpac"), "compile", str(hlo), "-o", str(plan), "--cluster",
+         str(CLUSTERS / "dgx-a100-x4.yaml")], timeout)
+    if code == 0:
+        out.status, out.plan = "compiled", plan_summary(plan)
+    else:
+        out.status = "refused" if code == 2 and _one_line(text) else "FAIL"
+        out.reason = last_line(text)
+    return out
+
+
+def _one_line(text: str) -> bool:
+    return "Traceback" not in text and len([ln for ln in text.splitlines() if ln.strip()]) <= 2
+
+
+def _instructions(path: Path) -> int:
+    return sum(1 for ln in path.read_text().splitlines() if " = " in ln and
+               not ln.lstrip().startswith(("HloModule", "//")))
+
+
+def table(outcomes: list[Outcome]) -> str:
+    rows = ["| program | front end | instructions | configuration | compile s | compile peak MB "
+            "| plan | max error | result |", "|---|---|---|---|---|---|---|---|---|"]
+    for o in outcomes:
+        err = "" if o.max_error is None else f"{o.max_error:.2e}"
+        result = o.status + (f": {o.reason}" if o.reason else "")
+        rows.append(f"| {o.program} | {o.front_end} | {o.instructions} | {o.config} | "
+                    f"{o.compile_s:.1f} | {o.compile_peak_mb:.0f} | {o.plan} | {err} | "
+                    f"{result.replace('|', '/')} |")
+    return "\n".join(rows)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("programs", nargs="*")
+    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--no-corpus", action="store_true")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "zoo.md")
+    args = ap.parse_args()
+    names = args.programs or sorted(manifest())
+    outcomes = []
+    with tempfile.TemporaryDirectory(prefix="alpac-zoo-") as tmp:
+        for name in names:
+            for config in args.configs.split(","):
+                o = run_one(name, config, Path(tmp))
+                print(f"{name:40s} {config:9s} {o.status:8s} {o.compile_s:6.1f}s "
+                      f"{o.max_error if o.max_error is not None else '':} {o.reason}",
+                      flush=True)
+                outcomes.append(o)
+        if not args.no_corpus and not args.programs:
+            for name in CORPUS_MODULES:
+                o = compile_corpus(name, Path(tmp))
+                print(f"{name:40s} dgx       {o.status:8s} {o.compile_s:6.1f}s "
+                      f"{o.compile_peak_mb:.0f} MB {o.reason}", flush=True)
+                outcomes.append(o)
+    write_results(outcomes, args.out)
+    return 0 if all(o.status != "FAIL" for o in outcomes) else 1
+
+
+def write_results(outcomes: list[Outcome], path: Path) -> None:
+    head = ("# The zoo: programs from real front ends, compiled and run by alpac\n\n"
+            "`make zoo` (`python testdata/zoo/run.py`) on this repository's 2-core machine: "
+            "every program in `testdata/zoo/` in every configuration, then the corpus "
+            "modules of `../shared/hlo-corpus` given before partitioning, compiled for "
+            "`testdata/clusters/dgx-a100-x4.yaml`. Max error: norm-wise relative "
+            f"(max |out - ref| / max |ref| per output, worst output), tolerance {RTOL:g}. "
+            "Compile peak MB: the compile process's maximum resident set.\n\n")
+    path.write_text(head + table(outcomes) + "\n")
+    path.with_suffix(".json").write_text(json.dumps([asdict(o) for o in outcomes], indent=1)
+                                         + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -46,6 +46,26 @@ def replica_groups(text: str | None, n: int) -> list[list[int]] | None:
     return groups or [list(range(n))]
 
 
+def _leave_replicated(comp, rs: Instruction, groups, num_partitions: int) -> bool:
+    """A reduce-scatter over all partitions whose result only leaves the manual region
+    (alpac's manual reduce-scatter) becomes an all-reduce that leaves it replicated; XLA then
+    slices locally where a user needs the split. (XLA's CPU compiler aborts on the
+    dynamic-slice form when such a result is then replicated.)"""
+    users = comp.users().get(rs, [])
+    if len(groups) != 1 or len(groups[0]) != num_partitions or not users or not all(
+            u.opcode == "custom-call" and u.custom_call_target == "SPMDShardToFullShape"
+            and u.shape.without_layout() == rs.operands[0].shape.without_layout()
+            for u in users):
+        return False
+    rs.opcode = "all-reduce"
+    rs.shape = rs.operands[0].shape
+    rs.attrs.pop("dimensions", None)
+    rs.attrs.pop("scatter_dimension", None)
+    for u in users:
+        u.attrs["sharding"] = "{replicated}"
+    return True
+
+
 def reduce_scatters_as_all_reduces(text: str, num_partitions: int) -> str:
     """The module with every cross-partition `reduce-scatter` of one array replaced by an
     all-reduce and a dynamic-slice at the partition's position in its group (the text as given
@@ -61,6 +81,9 @@ def reduce_scatters_as_all_reduces(text: str, num_partitions: int) -> str:
             dims = rs.dims("dimensions")
             groups = replica_groups(rs.attrs.get("replica_groups"), num_partitions)
             if len(dims) != 1 or groups is None:
+                continue
+            if _leave_replicated(comp, rs, groups, num_partitions):
+                changed = True
                 continue
             dim, chunk = dims[0], rs.shape.dims[dims[0]]
             table = [0] * num_partitions

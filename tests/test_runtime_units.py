@@ -218,6 +218,30 @@ def test_reduce_scatter_runs_as_all_reduce_and_slice_across_processes(groups, di
     assert reduce_scatters_as_all_reduces("HloModule m\n", 4) == "HloModule m\n"
 
 
+def test_reduce_scatter_over_the_whole_mesh_leaves_its_region_replicated():
+    """A manual reduce-scatter over every partition whose result is then replicated: as an
+    all-reduce plus dynamic-slice, XLA's CPU compiler aborts (a check on manual shardings);
+    as an all-reduce leaving the manual region replicated it compiles, with the same values."""
+    from runtime.collectives import reduce_scatters_as_all_reduces
+    from runtime.xla_bridge import compile_hlo, cpu_devices
+    text = ("HloModule rs\n\n%add (a: f32[], b: f32[]) -> f32[] {\n  %a = f32[] parameter(0)\n"
+            "  %b = f32[] parameter(1)\n  ROOT %s = f32[] add(%a, %b)\n}\n\n"
+            "ENTRY %main (p: f32[8,4]) -> f32[8,4] {\n"
+            "  %p = f32[8,4]{1,0} parameter(0), sharding={replicated}\n"
+            '  %m = f32[8,4]{1,0} custom-call(%p), custom_call_target="SPMDFullToShardShape", '
+            "sharding={manual}\n"
+            "  %rs = f32[8,2]{1,0} reduce-scatter(%m), channel_id=1, replica_groups={{0,1}}, "
+            "use_global_device_ids=true, dimensions={1}, to_apply=%add, sharding={manual}\n"
+            '  %f = f32[8,4]{1,0} custom-call(%rs), custom_call_target="SPMDShardToFullShape", '
+            "sharding={devices=[1,2]<=[2]}\n"
+            "  ROOT %r = f32[8,4]{1,0} copy(%f), sharding={replicated}\n}\n")
+    rewritten = reduce_scatters_as_all_reduces(text, 2)
+    assert "reduce-scatter(" not in rewritten and "dynamic-slice" not in rewritten
+    x = np.arange(32, dtype=np.float32).reshape(8, 4)
+    want = compile_hlo(text, cpu_devices(2)).run([x])[0]
+    np.testing.assert_array_equal(compile_hlo(rewritten, cpu_devices(2)).run([x])[0], want)
+
+
 # ---- inputs, outputs, errors -----------------------------------------------------------------
 
 def test_entry_parameters_and_inputs(tmp_path):

@@ -143,6 +143,7 @@ class _Emitter:
                         instr.opcode == "while":
                     continue  # transparent: cloned per use; while: below, from its state
                 instr.attrs["sharding"] = self.leaf_texts(instr)
+        self.pin_barrier_results()
         for instr in self.module.instructions():
             if instr.opcode == "while":
                 self.while_shardings(instr, root_overrides)
@@ -166,6 +167,20 @@ class _Emitter:
         for comp in self.module.computations:
             comp.remove_dead()
 
+    def pin_barrier_results(self) -> None:
+        """Hand each element taken from an opt-barrier on through a `Sharding` custom-call.
+        XLA reads the module as StableHLO, where the barrier is one op with many results; a
+        user it folds away (a reshape and its inverse) leaves a barrier result in its place,
+        and XLA's conversion back then fails on shardings of another rank."""
+        for comp in self.module.computations:
+            for gte in [i for i in comp.instructions if i.opcode == "get-tuple-element"
+                        and i.operands[0].opcode == "opt-barrier" and not i.shape.is_tuple]:
+                pin = Instruction(self.module.unique_name(f"{gte.name}.pin"), "custom-call",
+                                  gte.shape, [gte], {"custom_call_target": '"Sharding"',
+                                                     "sharding": gte.attrs["sharding"]})
+                replace_uses(comp, gte, pin)  # before the pin joins: it keeps its operand
+                self.add(comp, pin)
+
     # ---- reduce-scatter in a manual region ------------------------------------------------------
     def manual_reduce_scatter(self, instr: Instruction, st, rs) -> None:
         """Rewrite `instr` (a dot, convolution or reduce whose partial sums are reduce-
@@ -183,16 +198,9 @@ class _Emitter:
         manual_ops = []
         for operand, need in zip(instr.operands, st.inputs):
             tile = need.tile_dims(operand.shape.dims, self.mesh_shape)
-            # the region's entry states the sharding it cuts into tiles on a `Sharding`
-            # custom-call of its own, as JAX's shard_map writes it: XLA's import looks there
-            # (an operand taken straight from a tuple, an opt-barrier's, fails to import)
-            full = self.add(comp, Instruction(
-                self.module.unique_name(f"{operand.name}.full"), "custom-call",
-                operand.shape, [operand],
-                {"custom_call_target": '"Sharding"', "sharding": self.text(need)}))
             manual_ops.append(self.add(comp, Instruction(
                 self.module.unique_name(f"{operand.name}.manual"), "custom-call",
-                operand.shape.with_dims(tile), [full],
+                operand.shape.with_dims(tile), [operand],
                 {"custom_call_target": '"SPMDFullToShardShape"', "sharding": "{manual}"})))
         local = self.add(comp, Instruction(
             self.module.unique_name(f"{instr.name}.local"), instr.opcode,

@@ -322,6 +322,19 @@ class OpRules:
             return self._full(x, ocs)
         return like_shape(x.shape, INDEP)
 
+    def _fft(self, x, ocs):
+        """Transforms of the last len(fft_length) dims: a split on a leading dim passes."""
+        c = ocs[0]
+        if c.kind == "S":
+            if c.dim >= x.operands[0].shape.rank - len(x.dims("fft_length")):
+                return self._mix(x, "an FFT across examples")
+            return c
+        if c.kind in "PZ":  # linear: a transform of a batch sum is the sum of the transforms
+            return self._from(x, c, ocs)
+        if c.kind == "F":
+            return self._full(x, ocs)
+        return like_shape(x.shape, INDEP)
+
     def _reverse(self, x, ocs):
         c = ocs[0]
         if c.kind == "S":

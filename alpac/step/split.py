@@ -34,14 +34,14 @@ REWRITABLE = frozenset({
     "abs", "add", "and", "atan2", "bitcast-convert", "broadcast", "cbrt", "ceil", "clamp",
     "compare", "complex", "concatenate", "convert", "convolution", "copy", "cosine",
     "count-leading-zeros", "divide", "dot", "dynamic-slice", "dynamic-update-slice", "erf",
-    "exponential", "exponential-minus-one", "floor", "gather", "get-tuple-element", "imag",
+    "exponential", "exponential-minus-one", "fft", "floor", "gather", "get-tuple-element", "imag",
     "is-finite", "log", "log-plus-one", "logistic", "map", "maximum", "minimum", "multiply",
     "negate", "not", "opt-barrier", "or", "pad", "popcnt", "power", "real", "reduce",
     "reduce-precision", "reduce-window", "remainder", "reshape", "reverse",
     "round-nearest-afz", "round-nearest-even", "rsqrt", "scatter", "select",
     "select-and-scatter", "shift-left", "shift-right-arithmetic", "shift-right-logical",
-    "sign", "sine", "slice", "sort", "topk", "sqrt", "subtract", "tan", "tanh", "transpose", "tuple",
-    "xor", "batch-norm-inference", "stochastic-convert", "bitcast",
+    "sign", "sine", "slice", "sort", "sqrt", "subtract", "tan", "tanh", "transpose", "tuple",
+    "xor", "batch-norm-inference", "stochastic-convert", "bitcast", "topk",
 })
 
 PARTS = ("prologue", "microbatch", "epilogue")

@@ -19,8 +19,9 @@ microbatching and pipelining paths see the ops too. Written with this repository
   ("tpu",)`), where jax emits the `cholesky` and `triangular-solve` ops themselves (on CPU it
   calls LAPACK through custom-calls, which `opc_lapack_fwd` covers). Two programs are HLO text
   written here by hand (front end "hlo-text"): jax cannot emit batch-norm, map, fusion,
-  logistic, after-all, add-dependency, domain, replica-id, get-dimension-size, rng-get-and-update-state
-  or stochastic-convert; their reference is computed with numpy from the ops' definitions.
+  logistic, after-all, add-dependency, domain, replica-id, get-dimension-size,
+  rng-get-and-update-state or stochastic-convert; their reference is computed with numpy
+  from the ops' definitions.
 - `<name>.npz`: arg0..argN inputs and out0..outM flattened outputs of the jitted function run
   on CPU (float64 numpy for the hand-written ones), zip timestamps fixed. Batch inputs lie on a
   coarse binary grid and parameters are rounded to 8 significant bits: exact in any format.
@@ -157,7 +158,7 @@ def sgd(params, grads):
 def opc_pool_sort_train() -> Program:
     """A conv net step through max-pool (its gradient is select-and-scatter), average pool,
     cumsum, sort, top-k, clamp, reduce-precision, a dynamic slice and a cond/switch on the
-    step counter."""
+    step counter; it microbatches and pipelines."""
     import jax
     import jax.numpy as jnp
     from jax import lax
@@ -176,15 +177,21 @@ def opc_pool_sort_train() -> Program:
         mx = lax.reduce_window(h, -jnp.inf, lax.max, (1, 1, 2, 2), (1, 1, 2, 2), "VALID")
         avg = lax.reduce_window(h, 0.0, lax.add, (1, 1, 3, 3), (1, 1, 1, 1), "SAME") / 9
         f = mx.reshape(BATCH, 64)
-        srt = jnp.sort(f, axis=1)
-        top, _ = lax.top_k(f, 8)
+        # no gradient through sort and top-k: theirs scatters into the batch by index, which
+        # the batch analysis cannot split, and the rest of the step should microbatch
+        srt = lax.stop_gradient(jnp.sort(f, axis=1))
+        top = lax.stop_gradient(lax.top_k(f, 8)[0])
         csum = lax.cumsum(avg.reshape(BATCH, 4, 64), axis=2)[:, :, -2:].reshape(BATCH, 8)
         start = (step % 4) * 8
-        window = lax.dynamic_slice_in_dim(srt, start, 16, axis=1)
-        branch = lax.cond(step % 2 == 0, lambda v: v * 2.0, lambda v: jnp.sin(v), window)
-        picked = lax.switch(step % 3, [lambda v: v, lambda v: v * v, jnp.tanh], top)
-        feats = jnp.concatenate([branch, picked, csum / 16, srt[:, -16:]], axis=1)
-        logits = feats @ w_out
+        window = lax.dynamic_slice_in_dim(f, start, 16, axis=1)
+        # the conditionals make a temperature from the step counter (batch data or gradients
+        # through a conditional keep the step from microbatching: the rewrite does not
+        # shrink called computations)
+        t = step.astype(jnp.float32)
+        temp = lax.cond(step % 2 == 0, lambda v: v * 0.25, lambda v: jnp.cos(v) + 2.0, t)
+        temp = lax.switch(step % 3, [lambda v: v, lambda v: v * v, jnp.tanh], temp)
+        feats = jnp.concatenate([window, top, csum / 16, srt[:, -16:]], axis=1)
+        logits = feats @ w_out * temp
         logp = jax.nn.log_softmax(logits)
         return -jnp.mean(jnp.sum(logp * jax.nn.one_hot(labels, 10), axis=1))
 
@@ -194,9 +201,10 @@ def opc_pool_sort_train() -> Program:
         return (*sgd((w_conv, w_out), grads), step + 1, loss)
 
     return Program(
-        "train", "conv 3x3 (4 channels) -> clamp -> 2x2 max-pool and 3x3 average pool, sort, "
-        "top-k, cumsum, a dynamic slice at the step counter, lax.cond and lax.switch on the "
-        "step counter, dense to 10 classes, cross-entropy, SGD",
+        "train", "conv 3x3 (4 channels) -> clamp -> 2x2 max-pool and 3x3 average pool, sort and "
+        "top-k (no gradient), cumsum, a dynamic slice at the step counter, dense to 10 classes "
+        "at a temperature that lax.cond and lax.switch make from the step counter, "
+        "cross-entropy, SGD",
         ["reduce-precision", "clamp", "reduce-window", "select-and-scatter", "sort", "topk",
          "dynamic-slice", "dynamic-update-slice", "conditional", "convolution"],
         [w_conv, w_out, step, x, labels], ["w_conv", "w_out", "step", "x", "labels"],
@@ -508,8 +516,8 @@ def opc_xla_ops_fwd() -> Program:
     fr = np.abs(grid(rng, (BATCH, 4), step=0.25))
     bits = rng.integers(0, 2 ** 32, (BATCH, 4), dtype=np.uint64).astype(np.uint32)
     return Program(
-        "fwd", "ops only XLA or hand-written HLO produce: map, a loop fusion, logistic, after-all + "
-        "add-dependency, a sharding domain, replica-id, get-dimension-size, stochastic-convert "
+        "fwd", "ops only XLA or hand-written HLO produce: map, a loop fusion, logistic, "
+        "after-all + add-dependency, a sharding domain, replica-id, get-dimension-size, stochastic-convert "
         "(f32 -> s32 with given random bits) and rng-get-and-update-state (compared with "
         "itself); numpy reference",
         ["map", "fusion", "logistic", "after-all", "add-dependency", "domain", "replica-id",

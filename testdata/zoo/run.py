@@ -10,7 +10,12 @@ as separate processes, exactly as the README shows, and ends in one of:
 - `exact`: alpa-run's outputs match the front end's reference within `RTOL`, measured
   norm-wise per output (max |out - ref| / max |ref|): the error of a sum is bounded relative
   to the size of what is summed, not to each element, so reordered reductions (microbatch
-  sums, partitioned dots) stay inside it while a wrong value does not;
+  sums, partitioned dots) stay inside it while a wrong value does not. An output over `RTOL`
+  is reduction noise, not a wrong value, only if XLA's own SPMD partitioning of the same
+  program (batch split 8 ways) is within a factor `NOISE_FACTOR` of it: Adam divides each
+  gradient by its own root mean square, so a parameter whose gradient is mostly cancellation
+  (a class token, a layer scale near zero) inherits the last bits of the batch sum's order;
+  a wrong value (a semantic bug, a corrupted collective) is orders of magnitude further;
 - `refused`: compile or alpa-run exited 2 with one line saying why (a plan that refuses
   microbatching, e.g. for batch-norm statistics, still compiles and is `exact` with B = 1;
   its reason is in the plan column);
@@ -25,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -164,10 +170,74 @@ def run_one(name: str, config: str, work: Path, timeout: float = 900) -> Outcome
     errors = compare(saved, npz)
     out.max_error = max(errors.values(), default=0.0)
     out.worst = dict(sorted(errors.items(), key=lambda kv: -kv[1])[:3])
-    out.status = "exact" if out.max_error <= RTOL else "FAIL"
-    if out.status == "FAIL":
-        out.reason = f"max error {out.max_error:.3g} > rtol {RTOL:g} (at {next(iter(out.worst))})"
+    over = {k: e for k, e in errors.items() if e > RTOL}
+    if over:
+        floor = xla_noise(name, info, hlo, npz, work)
+        out.worst = {k: (e, floor[k]) for k, e in sorted(over.items(), key=lambda kv: -kv[1])[:3]}
+        over = {k: e for k, e in over.items() if e > NOISE_FACTOR * floor[k]}
+    out.status = "FAIL" if over else "exact"
+    if over:
+        worst = max(over, key=over.get)
+        out.reason = (f"max error {over[worst]:.3g} at {worst} > rtol {RTOL:g} and > "
+                      f"{NOISE_FACTOR:g}x XLA's own data-parallel error {floor[worst]:.3g}")
+    elif out.max_error > RTOL:
+        out.reason = "over rtol only where XLA's own partitioning is as far (reduction noise)"
     return out
+
+
+def xla_noise(name: str, info: dict, hlo: Path, npz: Path, work: Path) -> dict[str, float]:
+    """Per output, the error of XLA's own SPMD partitioning of the same program (batch inputs
+    split over `NOISE_WAYS` devices, as finely as alpac's most microbatches on a batch of 8,
+    everything else replicated) against the reference: the reduction noise of a partitioned
+    run, e.g. Adam amplifying the last bits of gradients that are nearly zero. Run in a
+    process of its own (it needs its own virtual devices)."""
+    batch = {int(b["arg"]): int(b["batch_dim"]) for b in info.get("batch_inputs", {}).values()}
+    spec = work / f"{name}.noise.json"
+    spec.write_text(json.dumps({"hlo": str(hlo), "npz": str(npz), "batch": batch}))
+    code, text, _, _ = timed([sys.executable, __file__, "--xla-noise", str(spec)], 900)
+    if code != 0:
+        raise RuntimeError(f"XLA's partitioning of {name} failed: {last_line(text)}")
+    return json.loads(spec.read_text())["errors"]
+
+
+def _xla_noise_worker(spec_path: Path) -> None:
+    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={NOISE_WAYS}"
+    sys.path.insert(0, str(ROOT))
+    from runtime.xla_bridge import compile_hlo, cpu_devices
+    spec = json.loads(spec_path.read_text())
+    text = Path(spec["hlo"]).read_text()
+    batch = {int(k): v for k, v in spec["batch"].items()}
+    ref = np.load(spec["npz"])
+    args = [ref[f"arg{k}"] for k in range(sum(1 for f in ref.files if f.startswith("arg")))]
+    outs = compile_hlo(data_parallel(text, batch, [a.shape for a in args], NOISE_WAYS),
+                       cpu_devices(NOISE_WAYS)).run(args)
+    keys = [f"out{k}" for k in range(len(outs))]
+    from runtime.data import relative_errors
+    errors = relative_errors(outs, [ref[k] for k in keys])
+    spec_path.write_text(json.dumps({**spec, "errors": dict(zip(keys, errors))}))
+
+
+def data_parallel(text: str, batch: dict[int, int], shapes: list, n: int) -> str:
+    """The module with its batch inputs split `n` ways along their batch dimension and its
+    other parameters replicated (XLA's sharding propagation does the rest)."""
+    entry = text.index("\nENTRY")
+    head, body = text[:entry], text[entry:]
+
+    def annotate(m: re.Match) -> str:
+        k = int(m.group(2))
+        if k in batch and shapes[k][batch[k]] % n == 0:
+            tiles = [1] * len(shapes[k])
+            tiles[batch[k]] = n
+            return f"{m.group(1)}parameter({k}), sharding={{devices=[{','.join(map(str, tiles))}]<=[{n}]}}"
+        return f"{m.group(1)}parameter({k}), sharding={{replicated}}"
+
+    return head + _PARAMETER.sub(annotate, body.split("\n}", 1)[0], count=0) + "\n}" + \
+        body.split("\n}", 1)[1]
+
+
+_PARAMETER = re.compile(r"(=\s*[^=\n]*?)parameter\((\d+)\)(?:,\s*sharding=\{[^}]*\})?")
+NOISE_FACTOR = 10.0
+NOISE_WAYS = 8
 
 
 def compare(saved: Path, reference: Path) -> dict[str, float]:
@@ -224,7 +294,11 @@ def main() -> int:
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--no-corpus", action="store_true")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "zoo.md")
+    ap.add_argument("--xla-noise", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.xla_noise:
+        _xla_noise_worker(args.xla_noise)
+        return 0
     names = args.programs or sorted(manifest())
     outcomes = []
     with tempfile.TemporaryDirectory(prefix="alpac-zoo-") as tmp:
@@ -235,6 +309,7 @@ def main() -> int:
                       f"{o.max_error if o.max_error is not None else '':} {o.reason}",
                       flush=True)
                 outcomes.append(o)
+                write_results(outcomes, args.out)  # a partial table survives an interrupt
         if not args.no_corpus and not args.programs:
             for name in CORPUS_MODULES:
                 o = compile_corpus(name, Path(tmp))

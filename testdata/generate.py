@@ -49,13 +49,11 @@ The GPT suite of the Alpa paper (350M ... 39B) is lowered on demand from shapes 
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import math
 import os
 import sys
 import time
-import zipfile
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -64,6 +62,9 @@ from typing import Callable
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository
+from testdata.npz import write_npz  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -635,21 +636,6 @@ def run_model(built: Built, kind: str, repeat: int = 1) -> tuple[list[np.ndarray
             if i:
                 best = min(best, time.perf_counter() - t0)
     return [np.asarray(x) for x in jax.tree_util.tree_leaves(out)], best
-
-
-def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """Like np.savez_compressed, but byte-for-byte reproducible (fixed zip timestamps)."""
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
-        for key, arr in arrays.items():
-            data = io.BytesIO()
-            np.lib.format.write_array(data, np.array(arr, order="C"), allow_pickle=False)
-            info = zipfile.ZipInfo(key + ".npy", date_time=(1980, 1, 1, 0, 0, 0))
-            info.compress_type = zipfile.ZIP_DEFLATED
-            info.external_attr = 0o644 << 16
-            info.create_system = 3
-            zf.writestr(info, data.getvalue(), compresslevel=9)
-    path.write_bytes(buf.getvalue())
 
 
 def _write_if_changed(path: Path, data: bytes) -> None:

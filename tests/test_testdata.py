@@ -178,7 +178,7 @@ def test_generator_is_deterministic(stem):
 
 
 def test_npz_writer_is_reproducible(tmp_path):
-    from testdata.generate import write_npz
+    from testdata.npz import write_npz
     arrays = {"arg0": np.arange(6, dtype=np.float32).reshape(2, 3), "out0": np.int32(7)}
     write_npz(tmp_path / "a.npz", arrays)
     write_npz(tmp_path / "b.npz", arrays)

@@ -63,7 +63,6 @@ are written as soon as it is done.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import math
 import os
@@ -72,7 +71,6 @@ import subprocess
 import sys
 import time
 import traceback
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -81,6 +79,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import numpy as np  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository
+from testdata.npz import write_npz  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 PROGRAMS_DIR = HERE / "programs"
@@ -109,21 +110,6 @@ def _round_bits(x: np.ndarray, bits: int = 4) -> np.ndarray:
         return x
     m, e = np.frexp(x.astype(np.float64))
     return np.ldexp(np.round(m * 2.0 ** bits) / 2.0 ** bits, e).astype(x.dtype)
-
-
-def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """Like np.savez_compressed, but byte-for-byte reproducible (fixed zip timestamps)."""
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
-        for key, arr in arrays.items():
-            data = io.BytesIO()
-            np.lib.format.write_array(data, np.array(arr, order="C"), allow_pickle=False)
-            info = zipfile.ZipInfo(key + ".npy", date_time=(1980, 1, 1, 0, 0, 0))
-            info.compress_type = zipfile.ZIP_DEFLATED
-            info.external_attr = 0o644 << 16
-            info.create_system = 3
-            zf.writestr(info, data.getvalue(), compresslevel=9)
-    path.write_bytes(buf.getvalue())
 
 
 def count_instructions(text: str) -> int:

@@ -32,17 +32,18 @@ microbatching and pipelining paths see the ops too. Written with this repository
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import re
 import sys
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository
+from testdata.npz import write_npz  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "opcodes"
 MANIFEST = OUT / "manifest.json"
@@ -62,21 +63,6 @@ def param(rng: np.random.Generator, shape, scale: float, bits: int = 8):
     """Parameters: normal * scale rounded to `bits` significant bits (exact, rarely tied)."""
     m, e = np.frexp(rng.normal(size=shape) * scale)
     return np.ldexp(np.round(m * 2.0 ** bits) / 2.0 ** bits, e).astype(np.float32)
-
-
-def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """np.savez_compressed with fixed zip timestamps: byte-for-byte reproducible."""
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
-        for key, arr in arrays.items():
-            data = io.BytesIO()
-            np.lib.format.write_array(data, np.array(arr, order="C"), allow_pickle=False)
-            info = zipfile.ZipInfo(key + ".npy", date_time=(1980, 1, 1, 0, 0, 0))
-            info.compress_type = zipfile.ZIP_DEFLATED
-            info.external_attr = 0o644 << 16
-            info.create_system = 3
-            zf.writestr(info, data.getvalue(), compresslevel=9)
-    path.write_bytes(buf.getvalue())
 
 
 def opcodes_of(text: str) -> list[str]:

@@ -46,8 +46,9 @@ $(ZOO_STAMP): pyproject.toml
 	touch $(ZOO_STAMP)
 
 # make zoo-generate [ZOO_PROGRAMS="hf_gpt2_train ..."]   (default: every program; slow)
-zoo-generate: $(ZOO_STAMP)
+zoo-generate: $(ZOO_STAMP) $(STAMP)
 	$(ZOO_VENV)/bin/python testdata/zoo/generate.py $(ZOO_PROGRAMS)
+	$(PY) testdata/zoo/opcode_programs.py
 
 # the committed reference data against .venv's jaxlib
 zoo-check: $(STAMP)

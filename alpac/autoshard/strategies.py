@@ -478,11 +478,13 @@ def follow(instr: Instruction, index: int, s: Sharding, mesh_shape) -> Strategy:
                     for o in ops)
         return Strategy(str(kept), outs, ins, kept.num_tiles(mesh_shape))
     if op.startswith("batch-norm"):
+        # XLA does not partition batch norm, not even along the feature dimension: it gathers
+        # every operand, computes the whole result on each device and slices it to the
+        # annotated sharding (free). So the inputs are replicated and the work is not split.
         outs = tuple(kept if leaf.rank == kept.rank else
                      Sharding.replicated(leaf.rank) for leaf in leaf_shapes(instr))
-        ins = tuple(kept if o.shape.rank == kept.rank else Sharding.replicated(o.shape.rank)
-                    for o in ops)
-        return Strategy(str(kept), outs, ins, kept.num_tiles(mesh_shape))
+        ins = tuple(Sharding.replicated(o.shape.rank) for o in ops)
+        return Strategy(str(kept), outs, ins, 1)
     raise ValueError(f"no follow rule for {op}")
 
 

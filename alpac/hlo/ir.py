@@ -256,10 +256,21 @@ class Computation:
         self.instructions = [i for i in self.instructions if id(i) in live]
 
 
-def _has_side_effect(instr: Instruction) -> bool:
-    return (instr.opcode in ("outfeed", "send", "send-done", "infeed", "recv", "recv-done",
-                             "after-all")
-            or str(instr.attrs.get("custom_call_has_side_effect", "")) == "true")
+def _has_side_effect(instr: Instruction, _seen: set[int] | None = None) -> bool:
+    """Side effects as XLA's dead-code elimination sees them: I/O, rng, side-effecting custom
+    calls, and any instruction whose called computations (a while body) have one."""
+    if (instr.opcode in ("outfeed", "send", "send-done", "infeed", "recv", "recv-done",
+                         "after-all", "rng", "rng-get-and-update-state")
+            or str(instr.attrs.get("custom_call_has_side_effect", "")) == "true"):
+        return True
+    seen = set() if _seen is None else _seen
+    for comp in instr.called_computations:
+        if id(comp) in seen:
+            continue
+        seen.add(id(comp))
+        if any(_has_side_effect(i, seen) for i in comp.instructions):
+            return True
+    return False
 
 
 @dataclass

@@ -77,6 +77,19 @@ def forward_tuples(module: Module) -> int:
     return count
 
 
+def remove_dead_code(module: Module) -> int:
+    """Drop the instructions no root needs and that have no side effect, in every computation
+    (XLA removes them before partitioning, so they must be neither planned nor priced);
+    returns how many were dropped. Parameters stay."""
+    count = 0
+    for comp in module.computations:
+        before = len(comp.instructions)
+        comp.remove_dead()
+        count += before - len(comp.instructions)
+    drop_unreachable(module)  # computations only dead instructions called
+    return count
+
+
 def drop_unreachable(module: Module) -> None:
     """Remove computations the entry does not reach."""
     reachable: set[int] = set()

@@ -164,8 +164,7 @@ def run_one(name: str, config: str, work: Path, timeout: float = 900) -> Outcome
     saved = work / f"{name}.{config}.out.npz"
     code, text, _, _ = timed([str(BIN / "alpa-run"), str(plan), "--inputs", str(npz),
                               "--save", str(saved), "--quiet", *run_flags], timeout)
-    if code != 0:
-        out.status = "refused" if code == 2 and _one_line(text) else "FAIL"
+    if code != 0:  # a plan alpac wrote must run: refusing is the compiler's job
         out.reason = last_line(text)
         return out
     errors = compare(saved, npz)
@@ -239,6 +238,32 @@ def data_parallel(text: str, batch: dict[int, int], shapes: list, n: int) -> str
 _PARAMETER = re.compile(r"(=\s*[^=\n]*?)parameter\((\d+)\)(?:,\s*sharding=\{[^}]*\})?")
 NOISE_FACTOR = 10.0
 NOISE_WAYS = 8
+VERIFY = "verify-2x4"  # not a run: `alpac explain --verify` on --mesh 2x4
+
+
+def verify_one(name: str, work: Path, timeout: float = 900) -> Outcome:
+    """`alpac explain --verify` on the program compiled with `--mesh 2x4`: the collectives
+    XLA inserts must be the ones alpac predicted."""
+    info = manifest()[name]
+    hlo = Path(info["dir"]) / f"{name}.hlo"
+    out = Outcome(name, VERIFY, "FAIL", front_end=info.get("frontend", ""),
+                  instructions=_instructions(hlo))
+    plan = work / f"{name}.verify.plan"
+    code, text, out.compile_s, out.compile_peak_mb = timed(
+        [str(BIN / "alpac"), "compile", str(hlo), "-o", str(plan), "--mesh", "2x4"], timeout)
+    if code != 0:
+        out.status = "refused" if code == 2 and _one_line(text) else "FAIL"
+        out.reason = last_line(text)
+        return out
+    out.plan = plan_summary(plan)
+    code, text, _, _ = timed([str(BIN / "alpac"), "explain", str(plan), "--verify",
+                              "--limit", "0"], timeout)
+    out.status = "agrees" if code == 0 else "FAIL"
+    if code != 0:
+        rows = [[c.strip() for c in ln.split("│")] for ln in text.splitlines() if "DIFFERS" in ln]
+        out.reason = "predicted vs XLA: " + "; ".join(
+            f"{r[0]} {r[1]} vs {r[2]}" for r in rows if len(r) >= 3)
+    return out
 
 
 def compare(saved: Path, reference: Path) -> dict[str, float]:
@@ -292,7 +317,7 @@ def table(outcomes: list[Outcome]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("programs", nargs="*")
-    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--configs", default=",".join([*CONFIGS, VERIFY]))
     ap.add_argument("--no-corpus", action="store_true")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "zoo.md")
     ap.add_argument("--xla-noise", type=Path, help=argparse.SUPPRESS)
@@ -305,7 +330,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="alpac-zoo-") as tmp:
         for name in names:
             for config in args.configs.split(","):
-                o = run_one(name, config, Path(tmp))
+                o = verify_one(name, Path(tmp)) if config == VERIFY else \
+                    run_one(name, config, Path(tmp))
                 print(f"{name:40s} {config:9s} {o.status:8s} {o.compile_s:6.1f}s "
                       f"{o.max_error if o.max_error is not None else '':} {o.reason}",
                       flush=True)

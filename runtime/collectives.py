@@ -47,16 +47,17 @@ def replica_groups(text: str | None, n: int) -> list[list[int]] | None:
 
 
 def _leave_replicated(comp, rs: Instruction, groups, num_partitions: int) -> bool:
-    """A reduce-scatter over all partitions whose result leaves the manual region only to be
-    replicated next becomes an all-reduce that leaves the region replicated: XLA's CPU
-    compiler aborts on the dynamic-slice form there (a check on manual shardings), while the
-    slice form is the one it accepts where the result stays split."""
+    """A reduce-scatter over all partitions whose result only leaves the manual region becomes
+    an all-reduce that leaves the region replicated: XLA's CPU compiler aborts on the
+    dynamic-slice form there (a check on manual shardings). Seen otherwise for vectors that
+    stay split after leaving (a rejected shard shape): those keep the slice form."""
     uses = comp.users()
     users = uses.get(rs, [])
     if len(groups) != 1 or len(groups[0]) != num_partitions or not users or not all(
             u.opcode == "custom-call" and u.custom_call_target == "SPMDShardToFullShape"
             and u.shape.without_layout() == rs.operands[0].shape.without_layout()
-            and all(str(w.attrs.get("sharding")) == "{replicated}" for w in uses.get(u, []))
+            and (rs.shape.rank > 1 or all(str(w.attrs.get("sharding")) == "{replicated}"
+                                          for w in uses.get(u, [])))
             for u in users):
         return False
     rs.opcode = "all-reduce"

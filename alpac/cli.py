@@ -14,7 +14,7 @@ import click
 from rich.console import Console
 
 from alpac.errors import CheckFailed, UserError
-from alpac.passmanager import PassFailed
+from alpac.passes.manager import PassFailed
 
 err_console = Console(stderr=True, highlight=False)
 
@@ -52,17 +52,19 @@ BATCH_ARGS_HELP = ("Batch inputs as PARAM:DIM pairs (e.g. 5:0,6:0), instead of d
 def inspect(model: Path, as_json: bool, batch_args: str | None) -> None:
     """Show what MODEL holds: instructions, parameters, outputs, aliases, FLOPs, batch inputs
     and how the step splits into microbatches."""
-    from alpac.compiler import build_pipeline
+    from alpac.analysis.costs import CostTable
+    from alpac.analysis.step.report import render_step, step_report
+    from alpac.analysis.step.split import StepSplit
+    from alpac.driver import build_pipeline
     from alpac.inspect import render, summarize
-    from alpac.passmanager import CompileContext, PassManager
-    from alpac.step.report import render_step, step_report
+    from alpac.passes.manager import CompileContext, PassManager
 
     ctx = CompileContext(model, cluster=None)
     options = {"batch-analysis": {"batch_args": batch_args}} if batch_args else {}
     PassManager(build_pipeline("load,inline-calls,cost-analysis,batch-analysis,step-split",
                                options=options)).run(ctx)
-    summary = summarize(ctx.module)
-    summary["step"] = step_report(ctx.module.analyses["step"], detail=as_json)
+    summary = summarize(ctx.module, ctx.results[CostTable])
+    summary["step"] = step_report(ctx.results[StepSplit], detail=as_json)
     if as_json:
         click.echo(json.dumps(summary, indent=1))
     else:
@@ -78,18 +80,21 @@ def list_passes() -> None:
 
     from rich.table import Table
 
-    from alpac.compiler import default_recipe
-    from alpac.passmanager import available_passes
+    from alpac.driver import default_recipe
+    from alpac.passes.manager import available_passes
 
     registry = available_passes()
     recipe = default_recipe()
     table = Table(show_edge=False)
-    for col in ("pass", "in recipe", "description", "options"):
+    for col in ("pass", "in recipe", "description", "requires → provides", "options"):
         table.add_column(col)
     for name, cls in registry.items():
         opts = ", ".join(f"{f.name}={f.default!r}" for f in dataclasses.fields(cls))
+        needs = ", ".join([k.__name__ for k in cls.requires]
+                          + [f"({k.__name__})" for k in cls.optional])
+        flow = f"{needs or '-'} → {', '.join(k.__name__ for k in cls.provides) or '-'}"
         table.add_row(name, str(recipe.index(name) + 1) if name in recipe else "-",
-                      cls.description, opts)
+                      cls.description, flow, opts)
     Console(highlight=False, width=max(120, Console().width)).print(table)
 
 
@@ -135,11 +140,11 @@ def compile(model: Path, cluster_path: Path | None, out_dir: Path, passes_spec: 
             stages_spec: str | None, jobs: int | None, strategy: str | None, zero: str,
             no_reduce_scatter: bool) -> None:
     """Compile MODEL into a plan directory."""
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn,
-                               TextColumn, TimeElapsedColumn)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, \
+        TimeElapsedColumn
 
-    from alpac.cluster import default_cluster, load_cluster
-    from alpac.compiler import build_pipeline, compile_model
+    from alpac.driver import build_pipeline, compile_model
+    from alpac.plan.cluster import default_cluster, load_cluster
 
     cluster = load_cluster(cluster_path) if cluster_path else default_cluster()
     options: dict[str, dict[str, str]] = {"stage-construction": {}, "intra-op-sharding": {},
@@ -155,7 +160,7 @@ def compile(model: Path, cluster_path: Path | None, out_dir: Path, passes_spec: 
         skip_pass = skip_pass + ("reduce-scatter",)
     if mesh:
         options["stage-construction"]["mesh"] = mesh
-    from alpac.cluster import parse_size
+    from alpac.plan.cluster import parse_size
     budget = parse_size(memory_budget, "--memory-budget") if memory_budget else None
     if time_limit is not None:
         options["intra-op-sharding"]["time_limit"] = str(time_limit)
@@ -203,7 +208,7 @@ def compile(model: Path, cluster_path: Path | None, out_dir: Path, passes_spec: 
 def explain(plan_dir: Path, as_json: bool, pattern: str | None, limit: int,
             verify: bool) -> None:
     """Show what the plan in PLAN_DIR decided and what it should cost."""
-    from alpac import explain as ex
+    from alpac.plan import explain as ex
 
     plan = ex.load(plan_dir)
     if as_json:
@@ -211,8 +216,21 @@ def explain(plan_dir: Path, as_json: bool, pattern: str | None, limit: int,
         return
     console = Console(highlight=False)
     ex.render(plan, plan_dir, console, pattern, limit)
+    console.print(f"made by: alpac compile {plan['source']['file']} --passes "
+                  f"'{_recorded_spec(plan)}'", markup=False, soft_wrap=True)
     if verify and not ex.verify(plan, plan_dir, console):
         raise CheckFailed("XLA's collectives differ from the plan's prediction (see above)")
+
+
+def _recorded_spec(plan: dict) -> str:
+    """The `--passes` string of the pipeline plan.json records (its passes and options)."""
+    from alpac.passes.manager import available_passes, pipeline_spec
+
+    registry = available_passes()
+    recorded = plan["compiler"]["passes"]
+    if any(p["name"] not in registry for p in recorded):
+        return ",".join(p["name"] for p in recorded)  # made with a plug-in not installed here
+    return pipeline_spec([registry[p["name"]](**p["options"]) for p in recorded])
 
 
 if __name__ == "__main__":

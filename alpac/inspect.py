@@ -7,12 +7,13 @@ from collections import Counter
 from rich.console import Console
 from rich.table import Table
 
-from alpac.costs import CostTable
+from alpac.analysis.costs import CostTable
 from alpac.hlo import Module
+from alpac.units import si
 
 
-def summarize(module: Module) -> dict:
-    """A JSON-ready summary of a loaded module with its analyses."""
+def summarize(module: Module, costs: CostTable | None = None) -> dict:
+    """A JSON-ready summary of a loaded module, with its costs when given."""
     entry = module.entry
     aliased = {a.parameter_number: list(a.output_index) for a in module.input_output_alias}
     params = [{
@@ -36,7 +37,6 @@ def summarize(module: Module) -> dict:
                     for a in module.input_output_alias],
         "buffer_donors": [[p, list(i)] for p, i in module.buffer_donors],
     }
-    costs: CostTable | None = module.analyses.get("costs")
     if costs is not None:
         total = costs.total
         summary["cost"] = {"flops": total.flops, "transcendentals": total.transcendentals,
@@ -50,8 +50,8 @@ def render(summary: dict, console: Console) -> None:
                   f"{summary['computations']} computations")
     if "cost" in summary:
         c = summary["cost"]
-        console.print(f"  {_si(c['flops'])}FLOP, {_si(c['transcendentals'])} transcendentals, "
-                      f"{_si(c['bytes_accessed'])}B accessed"
+        console.print(f"  {si(c['flops'])}FLOP, {si(c['transcendentals'])} transcendentals, "
+                      f"{si(c['bytes_accessed'])}B accessed"
                       + (f" ({len(c['estimated_loops'])} loop trip counts estimated)"
                          if c["estimated_loops"] else ""))
     console.print("[bold]instructions by opcode")
@@ -63,23 +63,16 @@ def render(summary: dict, console: Console) -> None:
     if len(summary["opcodes"]) > 15:
         ops.add_row(f"… {len(summary['opcodes']) - 15} more", "")
     console.print(ops)
-    console.print(f"[bold]parameters[/] ({_si(summary['parameter_bytes'])}B in all)")
+    console.print(f"[bold]parameters[/] ({si(summary['parameter_bytes'])}B in all)")
     params = Table(show_edge=False)
     for col in ("#", "name", "shape", "bytes", "aliased to output"):
         params.add_column(col, justify="right" if col in ("#", "bytes") else "left")
     for p in summary["parameters"][:40]:
-        params.add_row(str(p["index"]), p["name"], p["shape"], f"{_si(p['bytes'])}B",
+        params.add_row(str(p["index"]), p["name"], p["shape"], f"{si(p['bytes'])}B",
                        "" if p["aliased_output"] is None else str(p["aliased_output"]))
     if len(summary["parameters"]) > 40:
         params.add_row("…", f"{len(summary['parameters']) - 40} more", "", "", "")
     console.print(params)
     console.print(f"outputs: {len(summary['outputs'])} "
-                  f"({_si(sum(o['bytes'] for o in summary['outputs']))}B), "
+                  f"({si(sum(o['bytes'] for o in summary['outputs']))}B), "
                   f"aliased to inputs: {len(summary['aliases'])}")
-
-
-def _si(x: float) -> str:
-    for unit, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
-        if abs(x) >= scale:
-            return f"{x / scale:.3g} {unit}"
-    return f"{x:.3g} "

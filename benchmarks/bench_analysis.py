@@ -9,9 +9,9 @@ import time
 
 from common import ROOT, SHARED, median_time, write_results
 
-from alpac.costs import CostTable
+from alpac.analysis.costs import CostTable
 from alpac.hlo import parse_hlo
-from alpac.layers import choose_num_layers, cluster_layers
+from alpac.interop.layers import choose_num_layers, cluster_layers
 
 sys.path.insert(0, str(ROOT / "tests"))
 from test_layers import blocks  # noqa: E402  (the synthetic transformer-like program)

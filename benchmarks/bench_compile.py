@@ -18,7 +18,7 @@ from pathlib import Path
 
 from common import compile_plan, p3_cluster, write_results
 
-from alpac.cluster import parse_size
+from alpac.plan.cluster import parse_size
 from alpac.errors import UserError
 from testdata.generate import gpt_suite_config, gpt_suite_hlo
 

@@ -11,11 +11,11 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
 from common import ROOT, SHARED, write_results  # noqa: E402
 
-from alpac.autoshard import auto_shard  # noqa: E402
-from alpac.cluster import load_cluster  # noqa: E402
+from alpac.intraop.autoshard import auto_shard  # noqa: E402
+from alpac.plan.cluster import load_cluster  # noqa: E402
 from alpac.hlo import parse_hlo  # noqa: E402
 from alpac.hlo.transforms import flatten_entry_tuple_params, inline_calls  # noqa: E402
-from alpac.mesh import LogicalMesh  # noqa: E402
+from alpac.plan.mesh import LogicalMesh  # noqa: E402
 
 
 def main() -> None:

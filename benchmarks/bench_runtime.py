@@ -3,7 +3,7 @@ sharded module executed directly by jax (target: within 1.2x, medians of repeate
 
 Both sides run the same training loop: the batch inputs put on the devices every step, the
 module executed, its aliased outputs fed back as the next step's inputs. The direct side is
-the plan's stage0.hlo compiled with `runtime.xla_bridge.compile_hlo` and executed with
+the plan's stage0.hlo compiled with `alpac.xla.bridge.compile_hlo` and executed with
 `execute_unchecked` (the call alpa-run makes) in a plain loop, in one process (1 rank x 4
 devices) or, for the 2 x 2 row, in two processes started by mpiexec with jax.distributed and
 gloo, as alpa-run does. The alpa-run side is `alpa-run PLAN --devices-per-rank K --iters N
@@ -56,7 +56,7 @@ def run_direct(plan: Path, ranks: int, k: int) -> float:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--direct", str(plan), str(k),
                str(out)]
         if ranks > 1:
-            from runtime.launcher import find_mpiexec
+            from alpac.runtime.launcher import find_mpiexec
             cmd = [find_mpiexec(), "-n", str(ranks)] + cmd
         subprocess.run(cmd, check=True, cwd=tmp, capture_output=True)
         return json.loads(out.read_text())["median_s"]
@@ -64,16 +64,16 @@ def run_direct(plan: Path, ranks: int, k: int) -> float:
 
 def direct(plan: Path, k: int, out: Path) -> None:
     """The module executed directly in a loop (run in its own process, or per rank)."""
-    from runtime.worker import configure_devices
+    from alpac.runtime.worker import configure_devices
     configure_devices(k, "cpu")
     import numpy as np
-    from runtime.comm import Comm
-    from runtime.worker import Options, _init_jax
+    from alpac.runtime.comm import Comm
+    from alpac.runtime.worker import Options, _init_jax
     comm = Comm(120)
     jax = _init_jax(comm, Options(str(plan), devices_per_rank=k), "cpu", comm.size > 1)
-    from alpac.program import Program
-    from runtime.data import entry_parameters, random_input
-    from runtime.xla_bridge import compile_hlo, execute_unchecked, global_devices, \
+    from alpac.plan.program import Program
+    from alpac.runtime.data import entry_parameters, random_input
+    from alpac.xla.bridge import compile_hlo, execute_unchecked, global_devices, \
         jax_parameter_shardings
     data = json.loads((plan / "plan.json").read_text())
     program = Program.from_dict(data["program"])

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from common import ROOT, compile_plan, write_results
 
-from alpac.cluster import load_cluster
+from alpac.plan.cluster import load_cluster
 from testdata.generate import gpt_suite_hlo
 
 

@@ -47,7 +47,7 @@ def compile_plan(model: Path, cluster, out: Path, options: dict | None = None,
                  ) -> tuple[dict, dict, float]:
     """Compile with per-pass `options` ({pass: {option: value}}); the plan, the compile
     statistics and the wall-clock seconds of the whole compile."""
-    from alpac.compiler import build_pipeline, compile_model
+    from alpac.driver import build_pipeline, compile_model
 
     pipeline = build_pipeline(None, skip, {p: {k: str(v) for k, v in o.items()}
                                            for p, o in (options or {}).items()})
@@ -62,7 +62,7 @@ def p3_cluster(devices: int):
     """The paper's p3.16xlarge cluster cut to `devices` (whole nodes of 8, or part of one)."""
     import dataclasses
 
-    from alpac.cluster import load_cluster
+    from alpac.plan.cluster import load_cluster
     p3 = load_cluster(ROOT / "testdata" / "clusters" / "aws-p3.16xlarge-x8.yaml")
     return dataclasses.replace(p3, nodes=max(1, devices // p3.devices_per_node),
                                devices_per_node=min(devices, p3.devices_per_node))

@@ -4,14 +4,14 @@ Each value is `module:Class`, imported only when the registry is built.
 """
 
 BUILTIN_PASSES = {
-    "load": "passes.load:LoadPass",
-    "inline-calls": "passes.inline_calls:InlineCallsPass",
-    "flatten-params": "passes.flatten_params:FlattenParamsPass",
-    "cost-analysis": "passes.cost_analysis:CostAnalysisPass",
-    "batch-analysis": "passes.batch_analysis:BatchAnalysisPass",
-    "step-split": "passes.step_split:StepSplitPass",
-    "stage-construction": "passes.stage_construction:StageConstructionPass",
-    "intra-op-sharding": "passes.intra_op:IntraOpShardingPass",
-    "reduce-scatter": "passes.reduce_scatter:ReduceScatterPass",
-    "emit": "passes.emit:EmitPass",
+    "load": "alpac.passes.load:LoadPass",
+    "inline-calls": "alpac.passes.inline_calls:InlineCallsPass",
+    "flatten-params": "alpac.passes.flatten_params:FlattenParamsPass",
+    "cost-analysis": "alpac.passes.cost_analysis:CostAnalysisPass",
+    "batch-analysis": "alpac.passes.batch_analysis:BatchAnalysisPass",
+    "step-split": "alpac.passes.step_split:StepSplitPass",
+    "stage-construction": "alpac.passes.stage_construction:StageConstructionPass",
+    "intra-op-sharding": "alpac.passes.intra_op:IntraOpShardingPass",
+    "reduce-scatter": "alpac.passes.reduce_scatter:ReduceScatterPass",
+    "emit": "alpac.passes.emit:EmitPass",
 }

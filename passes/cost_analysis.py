@@ -1,18 +1,20 @@
-"""FLOPs, transcendentals and bytes of every instruction, attached as analysis "costs"."""
+"""FLOPs, transcendentals and bytes of every instruction: a CostTable."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from alpac.costs import CostTable
-from alpac.passmanager import CompileContext, Pass
+from alpac.analysis.costs import CostTable
+from alpac.hlo import Module
+from alpac.passes.manager import CompileContext, Pass
 
 
-@dataclass
+@dataclass(frozen=True)
 class CostAnalysisPass(Pass):
     name = "cost-analysis"
     description = "FLOPs, transcendentals and bytes per instruction (while bodies × trip count)"
-    provides = ("costs",)
+    requires = (Module,)
+    provides = (CostTable,)
 
     def run(self, ctx: CompileContext) -> None:
-        ctx.module.analyses["costs"] = CostTable(ctx.module)
+        ctx.put(CostTable(ctx.get(Module)))

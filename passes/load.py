@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from alpac.loader import load_module
-from alpac.passmanager import CompileContext, Pass
+from alpac.hlo import Module
+from alpac.passes.manager import CompileContext, Pass
+from alpac.xla.loader import load_module
 
 
-@dataclass
+@dataclass(frozen=True)
 class LoadPass(Pass):
     name = "load"
     description = "read the model (.hlo text, .pb HloModuleProto, .mlir StableHLO) into the IR"
+    provides = (Module,)
 
     def run(self, ctx: CompileContext) -> None:
-        ctx.module = load_module(ctx.model_path)
+        ctx.put(load_module(ctx.model_path))

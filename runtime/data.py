@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from alpac.errors import UserError
-from alpac.program import Program
-from runtime.transfers import host_dtype
+from alpac.plan.program import Program
+from alpac.runtime.transfers import host_dtype
 
 
 @dataclass
@@ -162,7 +162,7 @@ def reference(source_text: str, args: list[np.ndarray], aliases, iterations: int
               ) -> list[np.ndarray]:
     """The original module on one device for `iterations` steps, outputs fed back into the
     aliased parameters."""
-    from runtime.xla_bridge import compile_hlo, strip_shardings
+    from alpac.xla.bridge import compile_hlo, strip_shardings
     exe = compile_hlo(strip_shardings(source_text), [device])
     args = list(args)
     outs: list[np.ndarray] = []

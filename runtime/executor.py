@@ -19,11 +19,11 @@ from pathlib import Path
 import numpy as np
 
 from alpac.errors import UserError
-from runtime.collectives import reduce_scatters_as_all_reduces
-from runtime.comm import Comm
-from runtime.timeline import Task, Timeline
-from runtime.transfers import TAG_BASE, TAG_CARRY, Move, Mover, host_dtype
-from runtime.xla_bridge import compile_hlo, execute_unchecked, jax_parameter_shardings
+from alpac.runtime.collectives import reduce_scatters_as_all_reduces
+from alpac.runtime.comm import Comm
+from alpac.runtime.timeline import Task, Timeline
+from alpac.runtime.transfers import TAG_BASE, TAG_CARRY, Move, Mover, host_dtype
+from alpac.xla.bridge import compile_hlo, execute_unchecked, jax_parameter_shardings
 
 
 @dataclass
@@ -291,7 +291,7 @@ class Executor:
 def host_pieces(array, pos: int, m: int | None) -> list[tuple[int, int | None, tuple, np.ndarray]]:
     """(output position, microbatch, region, data) for the distinct regions whose first
     holder (in device-list order) is a device of this process."""
-    from runtime.resharding import region_of
+    from alpac.runtime.resharding import region_of
     shape = list(array.shape)
     index = array.sharding.devices_indices_map(tuple(shape))
     first: dict[tuple, int] = {}
@@ -306,7 +306,7 @@ def host_pieces(array, pos: int, m: int | None) -> list[tuple[int, int | None, t
 
 
 def _text(sharding, ndim: int) -> str:
-    from runtime.xla_bridge import sharding_text_of
+    from alpac.xla.bridge import sharding_text_of
     return sharding_text_of(sharding, ndim)
 
 

@@ -4,7 +4,7 @@ per `--devices-per-rank` devices).
 After `--`, `np 8`, `-np 8` and `-n 8` set the number of ranks (default: the plan's devices
 divided by the devices per rank); other arguments go to mpiexec as they are. The mpiexec is
 the one installed with the `mpich` package (or `--mpiexec PATH`). Each rank runs
-`python -m runtime.launcher PLAN --worker ...` (`runtime.worker`); run that way directly under
+`python -m alpac.runtime.launcher PLAN --worker ...` (`alpac.runtime.worker`); run that way directly under
 an existing `mpiexec`, it works without the launcher.
 
 The launcher checks the plan before starting anything (a missing or corrupt plan, or one for
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import click
 
-from runtime.comm import EXIT_RUNTIME, EXIT_USAGE, STATUS_ENV
+from alpac.runtime.comm import EXIT_RUNTIME, EXIT_USAGE, STATUS_ENV
 
 SCHEDULES = ("gpipe", "1f1b")
 
@@ -73,14 +73,14 @@ SCHEDULES = ("gpipe", "1f1b")
 def cli(ctx, plan, inputs, seed, iters, save, check, rtol, report, schedule, devices_per_rank,
         mpiexec_path, timeout, platform, allgather_min_bytes, worker, quiet, debug):
     """Run the plan in PLAN across MPI ranks: alpa-run PLAN [options] -- np N [mpiexec args]"""
-    from runtime.worker import Options
+    from alpac.runtime.worker import Options
     opts = Options(str(plan), str(inputs) if inputs else None, seed, iters,
                    str(save) if save else None, check, rtol, str(report) if report else None,
                    schedule, devices_per_rank, timeout, platform, quiet, allgather_min_bytes)
     if debug:
         os.environ["ALPAC_RUN_DEBUG"] = "1"
     if worker:
-        from runtime.worker import main as worker_main
+        from alpac.runtime.worker import main as worker_main
         sys.exit(worker_main(opts))
     sys.exit(launch(opts, ctx.obj["mpi"], mpiexec_path, debug))
 
@@ -147,8 +147,8 @@ def find_mpiexec() -> str | None:
 def check_plan(opts) -> int:
     """The plan's device count (UserError if the plan cannot be run)."""
     from alpac.errors import UserError
-    from alpac.program import load_program
-    from runtime.timeline import build
+    from alpac.plan.program import load_program
+    from alpac.runtime.timeline import build
     plan_dir = Path(opts.plan)
     plan, _, program, where = load_program(plan_dir)
     build(program, opts.schedule, where)
@@ -190,7 +190,7 @@ def launch(opts, mpi_args: list[str], mpiexec_path: Path | None, debug: bool) ->
     # With Hydra, the launcher (not mpiexec) ends the other ranks when one dies, so that it
     # can tell which rank died first.
     hydra = ["-disable-auto-cleanup"] if _is_hydra(mpiexec) else []
-    cmd = [mpiexec, *hydra, "-n", str(n), *extra, sys.executable, "-m", "runtime.launcher",
+    cmd = [mpiexec, *hydra, "-n", str(n), *extra, sys.executable, "-m", "alpac.runtime.launcher",
            opts.plan, "--worker", *worker_args(opts)]
     env = dict(os.environ)
     env[STATUS_ENV] = str(status)

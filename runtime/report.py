@@ -20,7 +20,8 @@ import json
 import statistics
 from pathlib import Path
 
-from alpac.schedule import max_live_microbatches
+from alpac.plan.program import Role
+from alpac.plan.schedule import max_live_microbatches
 
 
 def build(*, plan_dir: str, timeline, ranks: int, devices_per_rank: int, per_rank: list,
@@ -32,7 +33,7 @@ def build(*, plan_dir: str, timeline, ranks: int, devices_per_rank: int, per_ran
     median = statistics.median(times) if times else 0.0
     bound = {}
     if timeline.stages:
-        has_backward = any(m.role == "backward" for m in program.modules)
+        has_backward = any(m.role == Role.BACKWARD for m in program.modules)
         for s, n in zip(timeline.stages, max_live_microbatches(
                 len(timeline.stages), program.num_micro_batches, timeline.kind, has_backward)):
             bound[timeline.stage_mesh[s]] = n

@@ -5,7 +5,7 @@ microbatch m's slice), or zeroes an accumulator. The order is:
 
 1. feeds of whole inputs and zeroed accumulators, on the mesh of their value;
 2. `prologue` modules and the `step` modules that need nothing the pipeline computes, as listed;
-3. the pipeline: per stage the tasks of `alpac.schedule.stage_tasks` (a stage's task for
+3. the pipeline: per stage the tasks of `alpac.plan.schedule.stage_tasks` (a stage's task for
    microbatch m runs all its forward, or all its backward, modules as listed), interleaved
    one task per stage per round in stage order, each task once its per-microbatch inputs
    exist (from the dataflow, not from assumptions about it);
@@ -29,14 +29,15 @@ Nothing here touches jax or MPI: it is the same on every rank, and unit-testable
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 from alpac.errors import UserError
-from alpac.program import ModuleSpec, OutputSpec, Program, ValueSpec
-from alpac.schedule import KINDS, stage_tasks
+from alpac.plan.program import ModuleSpec, OutputSpec, Program, Role, ValueSpec
+from alpac.plan.schedule import KINDS, stage_tasks
 
 Key = tuple[str, "int | None", int]  # (value, microbatch or None, mesh holding it)
 
-ROLES = ("step", "prologue", "forward", "backward", "apply")
+ROLES = (Role.STEP, Role.PROLOGUE, Role.FORWARD, Role.BACKWARD, Role.APPLY)
 
 
 class ProgramError(UserError):
@@ -144,199 +145,267 @@ def output_positions(outputs: list[OutputSpec]) -> list[int]:
 
 
 def build(program: Program, kind: str | None = None, where: str = "plan.json") -> Timeline:
+    """The tasks of one step of `program` under schedule `kind` (default: the program's own).
+
+    Raises ProgramError (naming `where`) for a program that cannot run as written."""
     kind = kind or program.schedule
     if kind not in KINDS:
         raise ProgramError(f"unknown schedule {kind!r}; expected one of {', '.join(KINDS)}",
                            path=where)
     _validate(program, where)
-    B = program.num_micro_batches
-    values = program.values
-    by_role = {r: [m for m in program.modules if m.role == r] for r in ROLES}
-    pipeline = by_role["forward"] + by_role["backward"]
-    stages = sorted({m.stage for m in pipeline})
-    stage_mesh: dict[int, int] = {}
-    for mod in pipeline:
-        if stage_mesh.setdefault(mod.stage, mod.mesh) != mod.mesh:
-            raise ProgramError(f"stage {mod.stage} has modules on meshes "
-                               f"{stage_mesh[mod.stage]} and {mod.mesh}", path=where)
+    b = _TimelineBuilder(program, where)
+    stage_mesh = b.stage_meshes()
+    stages = sorted(stage_mesh)
+    early, after = b.split_phases()
+    runs = [(mod, None) for mod in early]
+    runs += _pipeline_order(program, kind, stages, b.by_role, where)
+    runs += [(mod, None) for mod in after]
+    b.feed_whole_inputs()
+    b.zero_accumulators()
+    for mod, m in runs:
+        b.run(mod, m)
+    outputs = b.output_slots()
+    carries = b.carries(outputs)
+    b.free_after_last_reads()
+    b.mark_last_uses()
+    return Timeline(program, kind, b.tasks, sorted(b.transfers.values(), key=lambda t: t.id),
+                    outputs, carries, stages, stage_mesh)
+
+
+class _TimelineBuilder:
+    """The state `build` threads through its phases: the tasks so far, which version of each
+    value every mesh holds, and who created and read each version (for frees and last uses).
+
+    A version instance is `(key, version)`: version `version` of a value held at `key`."""
+
+    def __init__(self, program: Program, where: str):
+        self.program = program
+        self.where = where
+        self.values = program.values
+        self.by_role = {r: [m for m in program.modules if m.role == r] for r in ROLES}
+        self.pipeline = self.by_role[Role.FORWARD] + self.by_role[Role.BACKWARD]
+        self.inputs_mb = {i.value: i for i in program.inputs if i.batch_dim is not None}
+        self.inputs_whole = {i.value: i for i in program.inputs if i.batch_dim is None}
+        self.listed = {(t.value, t.src_mesh, t.dst_mesh): t for t in program.transfers}
+        self.tasks: list[Task] = []
+        # (value, microbatch) -> (version, mesh, sharding as produced, producing task)
+        self.current: dict[tuple[str, int | None], tuple[int, int, str, int]] = {}
+        self.local: dict[Key, int] = {}  # key -> version held there
+        self.last_version = 0
+        self.uses: dict[tuple[Key, int], list[int]] = {}  # instance -> reading (sending) tasks
+        self.created: dict[tuple[Key, int], int] = {}  # instance -> task that made it there
+        self.superseded: set[tuple[Key, int]] = set()  # replaced there by a newer version
+        self.keep: set[tuple[Key, int]] = set()  # step outputs, held to the end of the step
+        # (version, destination mesh) -> the transfer that moves it there
+        self.transfers: dict[tuple[int, int], TransferInst] = {}
+
+    def fail(self, message: str) -> NoReturn:
+        raise ProgramError(message, path=self.where)
 
     # ---- phases ------------------------------------------------------------------------
-    late = {p.value for mod in pipeline for p in mod.outputs}
-    early, after = [], []
-    for mod in program.modules:
-        if mod.role in ("forward", "backward"):
-            continue
-        needs_pipeline = any(p.value in late for p in mod.parameters)
-        if mod.role == "apply" or (mod.role == "step" and needs_pipeline):
-            after.append(mod)
-            late |= {p.value for p in mod.outputs}
-        elif needs_pipeline:
-            raise ProgramError(f"{mod.role} module {mod.name} takes a value the pipeline "
-                               f"computes", path=where)
-        else:
-            early.append(mod)
+    def stage_meshes(self) -> dict[int, int]:
+        """Stage -> the one mesh all its forward and backward modules run on."""
+        stage_mesh: dict[int, int] = {}
+        for mod in self.pipeline:
+            if stage_mesh.setdefault(mod.stage, mod.mesh) != mod.mesh:
+                self.fail(f"stage {mod.stage} has modules on meshes {stage_mesh[mod.stage]} "
+                          f"and {mod.mesh}")
+        return stage_mesh
 
-    runs: list[tuple[ModuleSpec, int | None]] = [(mod, None) for mod in early]
-    runs += _pipeline_order(program, kind, stages, by_role, where)
-    runs += [(mod, None) for mod in after]
+    def split_phases(self) -> tuple[list[ModuleSpec], list[ModuleSpec]]:
+        """The once-per-step modules before the pipeline and after it: `apply` modules and
+        `step` modules that need (transitively) what the pipeline computes go after it."""
+        late = {p.value for mod in self.pipeline for p in mod.outputs}
+        early, after = [], []
+        for mod in self.program.modules:
+            if mod.role in (Role.FORWARD, Role.BACKWARD):
+                continue
+            needs_pipeline = any(p.value in late for p in mod.parameters)
+            if mod.role == Role.APPLY or (mod.role == Role.STEP and needs_pipeline):
+                after.append(mod)
+                late |= {p.value for p in mod.outputs}
+            elif needs_pipeline:
+                self.fail(f"{mod.role} module {mod.name} takes a value the pipeline computes")
+            else:
+                early.append(mod)
+        return early, after
 
     # ---- feeds, versions, transfers ----------------------------------------------------
-    inputs_mb = {i.value: i for i in program.inputs if i.batch_dim is not None}
-    inputs_whole = {i.value: i for i in program.inputs if i.batch_dim is None}
-    mb_index = program.microbatch_index
-    tasks: list[Task] = []
-    # (value, microbatch) -> (version, mesh, sharding as produced, producing task)
-    current: dict[tuple[str, int | None], tuple[int, int, str, int]] = {}
-    local: dict[Key, int] = {}  # key -> version held there
-    versions = [0]
-    uses: dict[tuple[Key, int], list[int]] = {}
-    created: dict[tuple[Key, int], int] = {}
-    superseded: set[tuple[Key, int]] = set()
-    transfers: dict[tuple[int, int], TransferInst] = {}
-    listed = {(t.value, t.src_mesh, t.dst_mesh): t for t in program.transfers}
+    def feed_whole_inputs(self) -> None:
+        for spec in self.program.inputs:
+            if spec.batch_dim is None and spec.value not in self.current:
+                self._feed(spec.value, None)
 
-    def new_version(task: Task, value: str, m, mesh: int, sharding: str) -> None:
-        versions[0] += 1
-        ver = versions[0]
-        key = (value, m, mesh)
-        if key in local:
-            superseded.add((key, local[key]))
-        local[key] = ver
-        current[(value, m)] = (ver, mesh, sharding, task.index)
-        created[(key, ver)] = task.index
-        task.writes.append((key, ver))
+    def zero_accumulators(self) -> None:
+        for name in self.program.accumulators:
+            v = self.values[name]
+            task = self._add(Task(0, "zero", v.mesh, None, value=name, sharding=v.sharding))
+            self._new_version(task, name, None, v.mesh, v.sharding)
 
-    def add(task: Task) -> Task:
-        task.index = len(tasks)
-        tasks.append(task)
+    def run(self, mod: ModuleSpec, m: int | None) -> None:
+        """A task running `mod` (for microbatch m): microbatch inputs it needs are fed first,
+        it reads the latest versions (received onto its mesh) and versions what it gives."""
+        wanted = [(k, p, self._feed_if_needed(mod, p, m)) for k, p in enumerate(mod.parameters)]
+        task = self._add(Task(0, "run", mod.mesh, m, module=mod))
+        for k, p, mm in wanted:
+            self._read(task, k, p.value, mm)
+        for p in mod.outputs:
+            v = self.values[p.value]
+            if v.scope == "microbatch" and m is None:
+                self.fail(f"{mod.role} module {mod.name} gives the per-microbatch value "
+                          f"{p.value}")
+            self._new_version(task, p.value, m if v.scope == "microbatch" else None, mod.mesh,
+                              p.sharding)
+
+    def _per_microbatch(self, value: str) -> bool:
+        return (self.values[value].scope == "microbatch" or value in self.inputs_mb
+                or value == self.program.microbatch_index)
+
+    def _feed_if_needed(self, mod: ModuleSpec, p, m: int | None) -> int | None:
+        """The microbatch (or None) of `mod`'s parameter `p`, fed now if it is an input not
+        fed yet (a microbatch slice is fed just before its first reader)."""
+        per_mb = self._per_microbatch(p.value)
+        if per_mb and m is None:
+            self.fail(f"{mod.role} module {mod.name} runs once per step but takes the "
+                      f"per-microbatch value {p.value}")
+        mm = m if per_mb else None
+        if (p.value, mm) not in self.current:
+            if p.value in self.inputs_mb or p.value == self.program.microbatch_index:
+                self._feed(p.value, mm)
+            else:
+                self.fail(f"module {mod.name} takes {p.value} before any module gives it")
+        return mm
+
+    def _feed(self, value: str, m: int | None) -> None:
+        v = self.values[value]
+        spec = self.inputs_mb.get(value) if m is not None else self.inputs_whole.get(value)
+        task = self._add(Task(0, "feed", v.mesh, m, value=value, sharding=v.sharding,
+                              parameter=spec.parameter if spec else None,
+                              batch_dim=spec.batch_dim if spec else None))
+        self._new_version(task, value, m, v.mesh, v.sharding)
+
+    def _add(self, task: Task) -> Task:
+        task.index = len(self.tasks)
+        self.tasks.append(task)
         return task
 
-    def feed(value: str, m: int | None) -> None:
-        v = values[value]
-        spec = inputs_mb.get(value) if m is not None else inputs_whole.get(value)
-        task = add(Task(0, "feed", v.mesh, m, value=value, sharding=v.sharding,
-                        parameter=spec.parameter if spec else None,
-                        batch_dim=spec.batch_dim if spec else None))
-        new_version(task, value, m, v.mesh, v.sharding)
+    def _new_version(self, task: Task, value: str, m, mesh: int, sharding: str) -> None:
+        self.last_version += 1
+        ver = self.last_version
+        key = (value, m, mesh)
+        self._hold(task, key, ver)
+        self.current[(value, m)] = (ver, mesh, sharding, task.index)
+        task.writes.append((key, ver))
 
-    for spec in program.inputs:
-        if spec.batch_dim is None and spec.value not in current:
-            feed(spec.value, None)
-    for name in program.accumulators:
-        v = values[name]
-        task = add(Task(0, "zero", v.mesh, None, value=name, sharding=v.sharding))
-        new_version(task, name, None, v.mesh, v.sharding)
+    def _hold(self, task: Task, key: Key, ver: int) -> None:
+        """`task` puts version `ver` at `key`, superseding the version held there before."""
+        if key in self.local:
+            self.superseded.add((key, self.local[key]))
+        self.local[key] = ver
+        self.created[(key, ver)] = task.index
 
-    for mod, m in runs:
-        reads_spec = []
-        for k, p in enumerate(mod.parameters):
-            v = values[p.value]
-            per_mb = v.scope == "microbatch" or p.value in inputs_mb or p.value == mb_index
-            if per_mb and m is None:
-                raise ProgramError(f"{mod.role} module {mod.name} runs once per step but "
-                                   f"takes the per-microbatch value {p.value}", path=where)
-            mm = m if per_mb else None
-            if (p.value, mm) not in current:
-                if p.value in inputs_mb or p.value == mb_index:
-                    feed(p.value, mm)
-                else:
-                    raise ProgramError(f"module {mod.name} takes {p.value} before any "
-                                       f"module gives it", path=where)
-            reads_spec.append((k, p, mm))
-        task = add(Task(0, "run", mod.mesh, m, module=mod))
-        for k, p, mm in reads_spec:
-            ver, src_mesh, src_sharding, producer = current[(p.value, mm)]
-            key = (p.value, mm, mod.mesh)
-            if src_mesh != mod.mesh and local.get(key) != ver:
-                t = listed.get((p.value, src_mesh, mod.mesh))
-                if t is None:
-                    raise ProgramError(f"module {mod.name} on mesh {mod.mesh} takes "
-                                       f"{p.value} from mesh {src_mesh}, but the program "
-                                       f"lists no transfer for it", path=where)
-                inst = TransferInst(len(transfers), p.value, mm, src_mesh, mod.mesh,
-                                    (p.value, mm, src_mesh), key, src_sharding,
-                                    t.dst_sharding, list(values[p.value].shape),
-                                    values[p.value].dtype, t.bytes, producer, task.index)
-                transfers[(ver, mod.mesh)] = inst
-                tasks[producer].send_after.append(inst.id)
-                task.recv_before.append(inst.id)
-                uses.setdefault(((p.value, mm, src_mesh), ver), []).append(producer)
-                if key in local:
-                    superseded.add((key, local[key]))
-                local[key] = ver
-                created[(key, ver)] = task.index
-            elif src_mesh != mod.mesh:
-                pass  # received earlier for another reader on this mesh
-            uses.setdefault((key, ver), []).append(task.index)
-            task.reads.append(Read(k, key, ver, False))
-        for p in mod.outputs:
-            v = values[p.value]
-            mm = m if v.scope == "microbatch" else None
-            if v.scope == "microbatch" and m is None:
-                raise ProgramError(f"{mod.role} module {mod.name} gives the per-microbatch "
-                                   f"value {p.value}", path=where)
-            new_version(task, p.value, mm, mod.mesh, p.sharding)
+    def _read(self, task: Task, param: int, value: str, mm: int | None) -> None:
+        """`task` reads the latest version of (value, mm), received first if it is elsewhere
+        and this mesh has not received it yet."""
+        ver, src_mesh, src_sharding, producer = self.current[(value, mm)]
+        key = (value, mm, task.mesh)
+        if src_mesh != task.mesh and self.local.get(key) != ver:
+            self._transfer(task, key, ver, src_mesh, src_sharding, producer)
+        self.uses.setdefault((key, ver), []).append(task.index)
+        task.reads.append(Read(param, key, ver, False))
+
+    def _transfer(self, task: Task, key: Key, ver: int, src_mesh: int, src_sharding: str,
+                  producer: int) -> None:
+        """Move version `ver` to `key`: sent right after its producer, received right before
+        `task`, as the program's transfer for (value, source mesh, task's mesh) says."""
+        value, mm, dst_mesh = key
+        t = self.listed.get((value, src_mesh, dst_mesh))
+        if t is None:
+            self.fail(f"module {task.module.name} on mesh {dst_mesh} takes {value} from mesh "
+                      f"{src_mesh}, but the program lists no transfer for it")
+        v = self.values[value]
+        src_key = (value, mm, src_mesh)
+        inst = TransferInst(len(self.transfers), value, mm, src_mesh, dst_mesh, src_key, key,
+                            src_sharding, t.dst_sharding, list(v.shape), v.dtype, t.bytes,
+                            producer, task.index)
+        self.transfers[(ver, dst_mesh)] = inst
+        self.tasks[producer].send_after.append(inst.id)
+        task.recv_before.append(inst.id)
+        self.uses.setdefault((src_key, ver), []).append(producer)
+        self._hold(task, key, ver)
 
     # ---- outputs, carries --------------------------------------------------------------
-    positions = output_positions(program.outputs)
-    outputs: list[OutputSlot] = []
-    keep: set[tuple[Key, int]] = set()
-    for spec, pos in sorted(zip(program.outputs, positions), key=lambda x: x[1]):
-        v = values[spec.value]
-        per_mb = v.scope == "microbatch" or spec.value in inputs_mb or spec.value == mb_index
-        if per_mb:
-            if spec.concat_dim is None:
-                raise ProgramError(f"output {list(spec.index)} is the per-microbatch value "
-                                   f"{spec.value} but has no concat_dim", path=where)
-            mesh = None
-            for m in range(B):
-                if (spec.value, m) not in current:
-                    raise ProgramError(f"output {spec.value} is never given for microbatch "
-                                       f"{m}", path=where)
-                ver, mesh, _, producer = current[(spec.value, m)]
-                tasks[producer].collect_after.append((pos, (spec.value, m, mesh)))
-            outputs.append(OutputSlot(pos, spec, v, mesh, None, True))
-        else:
-            if (spec.value, None) not in current:
-                if spec.value in inputs_whole:
-                    raise AssertionError("whole inputs are always fed")
-                raise ProgramError(f"output {spec.value} is never given", path=where)
-            ver, mesh, _, _ = current[(spec.value, None)]
-            key = (spec.value, None, mesh)
-            keep.add((key, ver))
-            outputs.append(OutputSlot(pos, spec, v, mesh, key, False))
-    carries = []
-    by_index = {tuple(s.spec.index): s for s in outputs}
-    for out_index, param in program.aliases:
-        slot = by_index.get(tuple(out_index))
-        targets = [i for i in program.inputs if i.parameter == param]
-        if slot is None or not targets:
-            continue  # the alias names an output or input the program does not use
-        for inp in targets:
-            if inp.batch_dim is not None or slot.per_microbatch:
-                raise ProgramError(f"output {list(out_index)} feeds parameter {param} of the "
-                                   f"next step, but one of them is per microbatch", path=where)
-            v = values[inp.value]
-            carries.append(Carry(inp.value, param, slot.position, slot.key, v.mesh,
-                                 v.sharding))
+    def output_slots(self) -> list[OutputSlot]:
+        """The outputs in tuple order; a per-step output's final version is kept to the end,
+        a per-microbatch one is collected right after each microbatch's producer."""
+        positions = output_positions(self.program.outputs)
+        slots = []
+        for spec, pos in sorted(zip(self.program.outputs, positions), key=lambda x: x[1]):
+            if self._per_microbatch(spec.value):
+                slots.append(self._collected_slot(spec, pos))
+            else:
+                slots.append(self._kept_slot(spec, pos))
+        return slots
+
+    def _collected_slot(self, spec: OutputSpec, pos: int) -> OutputSlot:
+        if spec.concat_dim is None:
+            self.fail(f"output {list(spec.index)} is the per-microbatch value {spec.value} "
+                      f"but has no concat_dim")
+        mesh = None
+        for m in range(self.program.num_micro_batches):
+            if (spec.value, m) not in self.current:
+                self.fail(f"output {spec.value} is never given for microbatch {m}")
+            _, mesh, _, producer = self.current[(spec.value, m)]
+            self.tasks[producer].collect_after.append((pos, (spec.value, m, mesh)))
+        return OutputSlot(pos, spec, self.values[spec.value], mesh, None, True)
+
+    def _kept_slot(self, spec: OutputSpec, pos: int) -> OutputSlot:
+        if (spec.value, None) not in self.current:
+            if spec.value in self.inputs_whole:
+                raise AssertionError("whole inputs are always fed")
+            self.fail(f"output {spec.value} is never given")
+        ver, mesh, _, _ = self.current[(spec.value, None)]
+        key = (spec.value, None, mesh)
+        self.keep.add((key, ver))
+        return OutputSlot(pos, spec, self.values[spec.value], mesh, key, False)
+
+    def carries(self, outputs: list[OutputSlot]) -> list[Carry]:
+        """The program's aliases as carries: output -> the input(s) of its parameter."""
+        carries = []
+        by_index = {tuple(s.spec.index): s for s in outputs}
+        for out_index, param in self.program.aliases:
+            slot = by_index.get(tuple(out_index))
+            targets = [i for i in self.program.inputs if i.parameter == param]
+            if slot is None or not targets:
+                continue  # the alias names an output or input the program does not use
+            for inp in targets:
+                if inp.batch_dim is not None or slot.per_microbatch:
+                    self.fail(f"output {list(out_index)} feeds parameter {param} of the next "
+                              f"step, but one of them is per microbatch")
+                v = self.values[inp.value]
+                carries.append(Carry(inp.value, param, slot.position, slot.key, v.mesh,
+                                     v.sharding))
+        return carries
 
     # ---- last uses and frees -----------------------------------------------------------
-    for (key, ver), first in created.items():
-        inst = (key, ver)
-        if inst in keep:
-            continue
-        readers = uses.get(inst, [])
-        last = max(readers + [first])
-        if inst not in superseded:
-            tasks[last].free_after.append(key)
-    for task in tasks:
-        for r in task.reads:
-            inst = (r.key, r.version)
-            later = [i for i in uses.get(inst, []) if i > task.index]
-            r.last_use = not later and inst not in keep and \
-                sum(1 for x in task.reads if x.key == r.key) == 1
-    return Timeline(program, kind, tasks, sorted(transfers.values(), key=lambda t: t.id),
-                    outputs, carries, stages, stage_mesh)
+    def free_after_last_reads(self) -> None:
+        """Free each instance after its last reader (or its creator, if never read), unless
+        it is kept, or superseded: storing the newer version frees it, and the key names that."""
+        for inst, first in self.created.items():
+            if inst in self.keep or inst in self.superseded:
+                continue
+            last = max(self.uses.get(inst, []) + [first])
+            self.tasks[last].free_after.append(inst[0])
+
+    def mark_last_uses(self) -> None:
+        """A read is the last use when no later task reads the instance, it is not kept, and
+        the task reads the key once: the executor may then give the buffer away."""
+        for task in self.tasks:
+            for r in task.reads:
+                inst = (r.key, r.version)
+                later = [i for i in self.uses.get(inst, []) if i > task.index]
+                r.last_use = not later and inst not in self.keep and \
+                    sum(1 for x in task.reads if x.key == r.key) == 1
 
 
 def _pipeline_order(program: Program, kind: str, stages: list[int], by_role, where: str
@@ -346,12 +415,12 @@ def _pipeline_order(program: Program, kind: str, stages: list[int], by_role, whe
     if not stages:
         return []
     B = program.num_micro_batches
-    has_backward = bool(by_role["backward"])
+    has_backward = bool(by_role[Role.BACKWARD])
     per_stage = stage_tasks(len(stages), B, kind, backward=has_backward)
     mods = {(s, r): [m for m in by_role[r] if m.stage == s] for s in stages
-            for r in ("forward", "backward")}
+            for r in (Role.FORWARD, Role.BACKWARD)}
     producers: dict[str, set[str]] = {}
-    for mod in by_role["forward"] + by_role["backward"]:
+    for mod in by_role[Role.FORWARD] + by_role[Role.BACKWARD]:
         for p in mod.outputs:
             producers.setdefault(p.value, set()).add(mod.name)
     queues = []

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from runtime import resharding
-from runtime.comm import Comm
-from runtime.xla_bridge import compile_hlo, partition_indices, sharding_from_text
+from alpac.runtime import resharding
+from alpac.runtime.comm import Comm
+from alpac.xla.bridge import compile_hlo, partition_indices, sharding_from_text
 
 TAG_BASE = 16
 TAG_CARRY = 1 << 24
@@ -117,7 +117,7 @@ class Mover:
     def reshard(self, array, text: str, mesh: int, dtype: str, copy: bool = False):
         """`array` (on mesh `mesh`) laid out as `text` (identity module, cached); with
         `copy`, a new array even when it is laid out so already."""
-        from runtime.xla_bridge import sharding_text_of
+        from alpac.xla.bridge import sharding_text_of
         target = self.sharding(text, mesh)
         shape = list(array.shape)
         if not copy and self.equivalent(array.sharding, target, len(shape)):

@@ -7,7 +7,7 @@ collectives on CPU, NCCL on GPUs), compiles the modules of the meshes that hold 
 runs `--iters` steps (outputs fed back into their aliased inputs), gathers the statistics (and
 the outputs, for `--save` / `--check`) to rank 0, which checks, saves and reports.
 
-Errors: see `runtime.comm` (one message naming the rank, MPI_Abort, exit codes 1/2/3).
+Errors: see `alpac.runtime.comm` (one message naming the rank, MPI_Abort, exit codes 1/2/3).
 """
 
 from __future__ import annotations
@@ -19,6 +19,11 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from alpac.plan.program import Program
+    from alpac.runtime.timeline import Timeline
 
 TAG_SETUP = (1 << 28) + 1
 TAG_STATS = (1 << 28) + 2
@@ -54,7 +59,7 @@ class SetupError(Exception):
 
 def main(opts: Options) -> int:
     platform = configure_devices(opts.devices_per_rank, opts.platform)
-    from runtime.comm import STATUS_ENV, Comm, describe, fail
+    from alpac.runtime.comm import STATUS_ENV, Comm, describe, fail
     comm = Comm(opts.timeout)
     status = os.environ.get(STATUS_ENV)
     if status:  # lets the launcher name a rank that dies without a word
@@ -101,103 +106,44 @@ def _gpus_present() -> bool:
     return has_plugin and os.path.exists("/dev/nvidiactl")
 
 
+@dataclass
+class _Setup:
+    """What every rank reads and checks before jax starts (see `_setup`)."""
+    plan_dir: Path
+    program: Program
+    tl: Timeline
+    source_text: str | None
+    params: list
+    host_inputs: dict
+    batch_size: int | None
+
+
 def _run(comm, opts: Options, platform: str) -> int:
-    from runtime.comm import EXIT_CHECK
+    """Set up, run the steps, gather to rank 0 (which checks and reports): the exit code."""
     try:
         setup = _setup(comm, opts)
     except Exception as e:
         raise SetupError(e) from e
-    plan_dir, program, tl, source_text, params, host_inputs, batch_size = setup
 
     k = opts.devices_per_rank
     # Multi-process jax only when a mesh spans ranks: otherwise every module runs inside one
     # process (XLA's in-process collectives, not gloo's TCP) and MPI moves the rest.
     distributed = comm.size > 1 and any(len({d // k for d in m.devices}) > 1
-                                        for m in program.meshes)
+                                        for m in setup.program.meshes)
     jax = _init_jax(comm, opts, platform, distributed)
-    from runtime.data import assemble, reference, relative_errors, save
-    from runtime.executor import Executor, host_pieces
-    from runtime.xla_bridge import global_devices
-
-    if distributed:
-        devices = global_devices()
-        if len(devices) != comm.size * k:
-            raise RuntimeError(f"jax sees {len(devices)} devices, expected {comm.size} x {k}")
-        for d, dev in enumerate(devices):
-            if dev.process_index != d // k:
-                raise RuntimeError(f"device {d} belongs to process {dev.process_index}, "
-                                   f"expected {d // k}")
-    else:
-        local = sorted(jax.local_devices(), key=lambda d: d.id)
-        if len(local) != k:
-            raise RuntimeError(f"jax sees {len(local)} devices in this process, expected {k}")
-        devices = [local[d - comm.rank * k] if d // k == comm.rank else None
-                   for d in range(comm.size * k)]
-    executor = Executor(tl, plan_dir, comm, devices, k, opts.timeout, opts.allgather_min_bytes)
+    from alpac.runtime.executor import Executor
+    devices = _plan_devices(comm, jax, k, distributed)
+    executor = Executor(setup.tl, setup.plan_dir, comm, devices, k, opts.timeout,
+                        opts.allgather_min_bytes)
     comm.barrier("every rank to compile its modules")
 
     gather = opts.save is not None or opts.check
-    carried: dict = {}
-    steps = []
-    for it in range(opts.iters):
-        comm.barrier(f"the other ranks to start iteration {it}")
-        t0 = time.perf_counter()
-        stats = executor.run_step(host_inputs, carried, collect=gather and it == opts.iters - 1)
-        if it < opts.iters - 1:
-            carried, stats.carry_bytes = executor.carry()
-        stats.seconds = time.perf_counter() - t0  # the step and moving its carried outputs
-        steps.append(stats)
-
-    pieces = None
-    if gather:
-        mine = list(executor.host_out)
-        for pos, array in executor.step_outputs().items():
-            mine += host_pieces(array, pos, None)
-        pieces = comm.gather_obj(mine, TAG_OUTPUTS, "outputs")
+    steps = _run_steps(comm, executor, opts, setup.host_inputs, collect=gather)
+    pieces = _gather_outputs(comm, executor) if gather else None
     per_rank = comm.gather_obj(steps, TAG_STATS, "statistics")
-
     code = 0
     if comm.rank == 0:
-        from runtime import report as rep
-        outputs = None
-        if gather:
-            outputs = assemble([p for part in pieces for p in part], tl.outputs,
-                               program.num_micro_batches)
-        if opts.save is not None:
-            save(Path(opts.save), outputs)
-        check = None
-        if opts.check:
-            args = [host_inputs[p.number] for p in params]
-            positions = {tuple(s.spec.index): s.position for s in tl.outputs}
-            aliases = [(positions[tuple(o)], p) for o, p in program.aliases
-                       if tuple(o) in positions]
-            refs = reference(source_text, args, aliases, opts.iters, jax.local_devices()[0])
-            if len(refs) != len(outputs):
-                raise RuntimeError(f"the original module has {len(refs)} outputs, the "
-                                   f"program {len(outputs)}")
-            errs = relative_errors(outputs, refs)
-            overall = max(errs, default=0.0)
-            check = {"rtol": opts.rtol,
-                     "max_rel_error": {**{f"out{k}": e for k, e in enumerate(errs)},
-                                       "overall": overall},
-                     "passed": bool(overall <= opts.rtol)}
-            if not check["passed"]:
-                code = EXIT_CHECK
-        report = rep.build(plan_dir=str(opts.plan), timeline=tl, ranks=comm.size,
-                           devices_per_rank=k, per_rank=per_rank, batch_size=batch_size,
-                           check=check)
-        if opts.report:
-            rep.write(report, Path(opts.report))
-        if not opts.quiet:
-            rep.render(report, _console())
-        if code:
-            worst = max((kv for kv in check["max_rel_error"].items() if kv[0] != "overall"),
-                        key=lambda kv: kv[1])
-            sys.stdout.flush()
-            sys.stderr.write(f"alpa-run: check failed: max relative error "
-                             f"{check['max_rel_error']['overall']:.3g} (at {worst[0]}) is over "
-                             f"rtol {opts.rtol:g}\n")
-            sys.stderr.flush()
+        code = _conclude(comm, opts, jax, setup, pieces, per_rank)
     code = comm.bcast_obj(code, TAG_STATUS, "the final status")
     comm.barrier("the other ranks to finish")
     sys.stdout.flush()
@@ -206,11 +152,110 @@ def _run(comm, opts: Options, platform: str) -> int:
     return code
 
 
-def _setup(comm, opts: Options):
+def _plan_devices(comm, jax, k: int, distributed: bool) -> list:
+    """Plan device d -> its jax device (in one-process jax, None for other ranks' devices)."""
+    if distributed:
+        from alpac.xla.bridge import global_devices
+        devices = global_devices()
+        if len(devices) != comm.size * k:
+            raise RuntimeError(f"jax sees {len(devices)} devices, expected {comm.size} x {k}")
+        for d, dev in enumerate(devices):
+            if dev.process_index != d // k:
+                raise RuntimeError(f"device {d} belongs to process {dev.process_index}, "
+                                   f"expected {d // k}")
+        return devices
+    local = sorted(jax.local_devices(), key=lambda d: d.id)
+    if len(local) != k:
+        raise RuntimeError(f"jax sees {len(local)} devices in this process, expected {k}")
+    return [local[d - comm.rank * k] if d // k == comm.rank else None
+            for d in range(comm.size * k)]
+
+
+def _run_steps(comm, executor, opts: Options, host_inputs: dict, collect: bool) -> list:
+    """`--iters` timed steps, outputs carried into their aliased inputs between steps; the
+    last step collects its outputs when `collect`."""
+    carried: dict = {}
+    steps = []
+    for it in range(opts.iters):
+        comm.barrier(f"the other ranks to start iteration {it}")
+        t0 = time.perf_counter()
+        stats = executor.run_step(host_inputs, carried, collect=collect and it == opts.iters - 1)
+        if it < opts.iters - 1:
+            carried, stats.carry_bytes = executor.carry()
+        stats.seconds = time.perf_counter() - t0  # the step and moving its carried outputs
+        steps.append(stats)
+    return steps
+
+
+def _gather_outputs(comm, executor) -> list | None:
+    """Every rank's host pieces of the last step's outputs, on rank 0 (None elsewhere)."""
+    from alpac.runtime.executor import host_pieces
+    mine = list(executor.host_out)
+    for pos, array in executor.step_outputs().items():
+        mine += host_pieces(array, pos, None)
+    return comm.gather_obj(mine, TAG_OUTPUTS, "outputs")
+
+
+def _conclude(comm, opts: Options, jax, setup: _Setup, pieces, per_rank) -> int:
+    """Rank 0: assemble, save and check the outputs, then report; EXIT_CHECK if the check
+    failed, else 0."""
+    from alpac.runtime import report as rep
+    from alpac.runtime.comm import EXIT_CHECK
+    from alpac.runtime.data import assemble, save
+    outputs = None
+    if pieces is not None:
+        outputs = assemble([p for part in pieces for p in part], setup.tl.outputs,
+                           setup.program.num_micro_batches)
+    if opts.save is not None:
+        save(Path(opts.save), outputs)
+    check = _check(opts, jax, setup, outputs) if opts.check else None
+    report = rep.build(plan_dir=str(opts.plan), timeline=setup.tl, ranks=comm.size,
+                       devices_per_rank=opts.devices_per_rank, per_rank=per_rank,
+                       batch_size=setup.batch_size, check=check)
+    if opts.report:
+        rep.write(report, Path(opts.report))
+    if not opts.quiet:
+        rep.render(report, _console())
+    if check is None or check["passed"]:
+        return 0
+    _say_check_failed(check, opts.rtol)
+    return EXIT_CHECK
+
+
+def _check(opts: Options, jax, setup: _Setup, outputs: list) -> dict:
+    """The outputs against the original module run `--iters` times on one local device."""
+    from alpac.runtime.data import reference, relative_errors
+    args = [setup.host_inputs[p.number] for p in setup.params]
+    positions = {tuple(s.spec.index): s.position for s in setup.tl.outputs}
+    aliases = [(positions[tuple(o)], p) for o, p in setup.program.aliases
+               if tuple(o) in positions]
+    refs = reference(setup.source_text, args, aliases, opts.iters, jax.local_devices()[0])
+    if len(refs) != len(outputs):
+        raise RuntimeError(f"the original module has {len(refs)} outputs, the "
+                           f"program {len(outputs)}")
+    errs = relative_errors(outputs, refs)
+    overall = max(errs, default=0.0)
+    return {"rtol": opts.rtol,
+            "max_rel_error": {**{f"out{k}": e for k, e in enumerate(errs)},
+                              "overall": overall},
+            "passed": bool(overall <= opts.rtol)}
+
+
+def _say_check_failed(check: dict, rtol: float) -> None:
+    worst = max((kv for kv in check["max_rel_error"].items() if kv[0] != "overall"),
+                key=lambda kv: kv[1])
+    sys.stdout.flush()
+    sys.stderr.write(f"alpa-run: check failed: max relative error "
+                     f"{check['max_rel_error']['overall']:.3g} (at {worst[0]}) is over "
+                     f"rtol {rtol:g}\n")
+    sys.stderr.flush()
+
+
+def _setup(comm, opts: Options) -> _Setup:
     from alpac.errors import UserError
-    from alpac.program import load_program
-    from runtime.data import entry_parameters, load_inputs, program_parameters
-    from runtime.timeline import build
+    from alpac.plan.program import load_program
+    from alpac.runtime.data import entry_parameters, load_inputs, program_parameters
+    from alpac.runtime.timeline import build
 
     plan_dir = Path(opts.plan)
     plan, stats, program, where = load_program(plan_dir)
@@ -251,7 +296,7 @@ def _setup(comm, opts: Options):
                        for i in program.inputs if i.batch_dim is not None), None)
     if batch_size is None:
         batch_size = (stats.get("batch") or {}).get("size")
-    return plan_dir, program, tl, source_text, params, host_inputs, batch_size
+    return _Setup(plan_dir, program, tl, source_text, params, host_inputs, batch_size)
 
 
 def _init_jax(comm, opts: Options, platform: str, distributed: bool):

@@ -9,13 +9,13 @@ import sys
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from alpac.autoshard import auto_shard  # noqa: E402
-from alpac.cluster import default_cluster  # noqa: E402
 from alpac.errors import UserError  # noqa: E402
 from alpac.hlo import parse_hlo, print_module  # noqa: E402
 from alpac.hlo.transforms import flatten_entry_tuple_params, inline_calls  # noqa: E402
-from alpac.mesh import LogicalMesh  # noqa: E402
-from runtime.xla_bridge import compile_hlo, cpu_devices  # noqa: E402
+from alpac.intraop.autoshard import auto_shard  # noqa: E402
+from alpac.plan.cluster import default_cluster  # noqa: E402
+from alpac.plan.mesh import LogicalMesh  # noqa: E402
+from alpac.xla.bridge import compile_hlo, cpu_devices  # noqa: E402
 
 
 def main(paths, meshes):

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from alpac.program import Program
-from runtime.xla_bridge import compile_hlo, cpu_devices
+from alpac.plan.program import Program
+from alpac.xla.bridge import compile_hlo, cpu_devices
 
 DTYPES = {"f32": np.float32, "f64": np.float64, "f16": np.float16, "s32": np.int32,
           "s64": np.int64, "u32": np.uint32, "pred": np.bool_, "s8": np.int8, "u8": np.uint8}

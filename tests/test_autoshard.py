@@ -13,21 +13,21 @@ from functools import cache
 
 import numpy as np
 import pytest
+from conftest import ROOT, SHARED, TESTDATA
 
-from alpac.autoshard import auto_shard
-from alpac.autoshard.builder import build_graph
-from alpac.autoshard.verify import compiled_collectives
-from alpac.cluster import default_cluster, load_cluster
-from alpac.costs import CostTable
+from alpac.analysis.costs import CostTable
+from alpac.analysis.step.batch import detect_batch
+from alpac.analysis.step.split import StepSplit
 from alpac.errors import UserError
 from alpac.hlo import parse_hlo, print_module
 from alpac.hlo.transforms import flatten_entry_tuple_params, inline_calls
-from alpac.ilp import brute_force, solve
-from alpac.mesh import LogicalMesh
-from alpac.step.batch import detect_batch
-from alpac.step.split import StepSplit
-from conftest import ROOT, SHARED, TESTDATA
-from runtime.xla_bridge import compile_hlo, cpu_devices, run_hlo_single_device
+from alpac.intraop.autoshard import auto_shard
+from alpac.intraop.builder import build_graph
+from alpac.intraop.ilp import brute_force, solve
+from alpac.plan.cluster import default_cluster, load_cluster
+from alpac.plan.mesh import LogicalMesh
+from alpac.plan.verify import compiled_collectives
+from alpac.xla.bridge import compile_hlo, cpu_devices, run_hlo_single_device
 
 MODELS = [f"{m}_{k}" for m in ("mlp", "gpt", "bert", "moe", "wresnet") for k in ("train", "fwd")]
 MESHES = ["8", "8x1", "1x8", "2x4", "4x2", "2x2x2"]
@@ -303,7 +303,7 @@ def test_already_partitioned_module_is_refused():
 
 @pytest.mark.parametrize("shapes", [("2x4", "4x2"), ("1x8", "8")])
 def test_shapes_alike_inside_a_node_price_the_same(shapes):
-    """Why the stage DP tries only one of them (alpac.submesh.logical_shapes): inside one node
+    """Why the stage DP tries only one of them (alpac.interop.submesh.logical_shapes): inside one node
     every axis has the same links, so mirrored shapes and a leading axis of size 1 give the
     same optimum."""
     module, _, _ = model("gpt_train")
@@ -318,7 +318,7 @@ def test_shapes_alike_inside_a_node_price_the_same(shapes):
 def test_a_stage_of_the_same_structure_reuses_the_solution():
     """Identical pipeline stages (repeated layers) are solved once: a module that differs
     only in names gets the first one's choice, which is what solving it gives."""
-    from passes.intra_op import shard_within
+    from alpac.interop.shard import shard_within
 
     module, _, _ = model("mlp_train")
     renamed = module.clone()

@@ -9,7 +9,6 @@ import sys
 import textwrap
 
 import pytest
-
 from conftest import ROOT, TESTDATA
 
 ALPAC = [sys.executable, "-m", "alpac.cli"]
@@ -132,17 +131,28 @@ PLUGIN = {
     """,
     "alpac_hello_pass/__init__.py": """
         from dataclasses import dataclass
-        from alpac.passmanager import Pass
+        from alpac.hlo import Module
+        from alpac.passes.manager import Pass
 
-        @dataclass
+        @dataclass(frozen=True)
+        class Greeting:
+            greeting: str
+            entry_instructions: int
+
+            def plan_entries(self):
+                return {"hello": {"greeting": self.greeting,
+                                  "entry_instructions": self.entry_instructions}}
+
+        @dataclass(frozen=True)
         class HelloPass(Pass):
             name = "hello"
             description = "count entry instructions (a test plug-in)"
+            requires = (Module,)
+            provides = (Greeting,)
             greeting: str = "hi"
 
             def run(self, ctx):
-                n = len(ctx.module.entry.instructions)
-                ctx.plan["hello"] = {"greeting": self.greeting, "entry_instructions": n}
+                ctx.put(Greeting(self.greeting, len(ctx.get(Module).entry.instructions)))
     """,
 }
 

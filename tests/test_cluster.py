@@ -6,10 +6,10 @@ import os
 import re
 
 import pytest
-
-from alpac.cluster import Cluster, DeviceSpec, Link, default_cluster, load_cluster
-from alpac.errors import UserError
 from conftest import TESTDATA
+
+from alpac.errors import UserError
+from alpac.plan.cluster import Cluster, DeviceSpec, Link, default_cluster, load_cluster
 
 CLUSTERS = TESTDATA / "clusters"
 

@@ -10,13 +10,13 @@ import sys
 
 import numpy as np
 import pytest
-
-from alpac.cluster import default_cluster
-from alpac.compiler import build_pipeline, compile_model
-from alpac.program import Program
 from conftest import ROOT, TESTDATA
 from program_interpreter import run_program
-from runtime.xla_bridge import run_hlo_single_device
+
+from alpac.driver import build_pipeline, compile_model
+from alpac.plan.cluster import default_cluster
+from alpac.plan.program import Program
+from alpac.xla.bridge import run_hlo_single_device
 
 MODELS = json.loads((TESTDATA / "models" / "manifest.json").read_text())
 
@@ -130,4 +130,5 @@ def test_progress_reports_every_ilp_solve(tmp_path):
     assert sum(finished.values()) == ctx.stats["stage_dp"]["layer_ilps"] > 0
     for what, total in finished.items():  # each solve reported once, in order
         assert [d for w, d, _ in layer if w == what] == list(range(total + 1))
-    assert sum(r[0].startswith("stage ILPs") for r in reports) == len(ctx.plan["stages"])
+    stages = ctx.plan_entries()["stages"]
+    assert sum(r[0].startswith("stage ILPs") for r in reports) == len(stages)

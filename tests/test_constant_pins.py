@@ -16,12 +16,12 @@ HLO gave a sharding of another element (BERT with remat on a 2x4 mesh failed to 
 
 from __future__ import annotations
 
-from alpac.autoshard import auto_shard
-from alpac.autoshard.verify import compiled_collectives
-from alpac.cluster import default_cluster
 from alpac.hlo import parse_hlo, print_module
-from alpac.mesh import LogicalMesh
-from runtime.xla_bridge import compile_hlo, cpu_devices
+from alpac.intraop.autoshard import auto_shard
+from alpac.plan.cluster import default_cluster
+from alpac.plan.mesh import LogicalMesh
+from alpac.plan.verify import compiled_collectives
+from alpac.xla.bridge import compile_hlo, cpu_devices
 
 # one zero broadcast read by an elementwise op (split over the mesh) and by a scatter with
 # batching dimensions (replicated: alpac splits none of its dimensions)

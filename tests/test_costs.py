@@ -1,4 +1,4 @@
-"""alpac.costs against XLA's own HloCostAnalysis (`runtime.xla_bridge.xla_cost_analysis`).
+"""alpac.analysis.costs against XLA's own HloCostAnalysis (`alpac.xla.bridge.xla_cost_analysis`).
 
 Where alpac follows XLA's convention the figures must agree; where alpac differs by design the
 test states the difference, computes what XLA reports instead, and says why alpac does not.
@@ -9,13 +9,15 @@ from __future__ import annotations
 import math
 
 import pytest
+from conftest import SHARED, TESTDATA
 
-from alpac.costs import Cost, CostTable, instruction_cost, module_cost, while_trip_count
+from alpac.analysis.costs import Cost, CostTable, instruction_cost, module_cost
+from alpac.analysis.tripcount import while_trip_count
 from alpac.errors import UserError
 from alpac.hlo import parse_hlo, print_module
-from alpac.hlo.ir import ELEMENTWISE, TRANSCENDENTAL, Computation, Instruction, Module
-from conftest import SHARED, TESTDATA
-from runtime.xla_bridge import xla_cost_analysis
+from alpac.hlo.ir import Computation, Instruction, Module
+from alpac.hlo.opcodes import ELEMENTWISE, TRANSCENDENTAL
+from alpac.xla.bridge import xla_cost_analysis
 
 CORPUS = SHARED / "hlo-corpus"
 WHOLE_MODULES = [CORPUS / "nv_maxtext_1n1g_jit_train_step_before_optimization.hlo",

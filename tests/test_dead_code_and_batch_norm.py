@@ -11,15 +11,15 @@ to batch norm over a reshaped [1, rows, features] value: 10 all-gathers were mis
 
 from __future__ import annotations
 
-from alpac.autoshard import auto_shard
-from alpac.autoshard.strategies import follow
-from alpac.autoshard.verify import compiled_collectives
-from alpac.cluster import default_cluster
 from alpac.hlo import parse_hlo, print_module
 from alpac.hlo.transforms import remove_dead_code
-from alpac.mesh import LogicalMesh
-from alpac.sharding import Sharding
-from runtime.xla_bridge import compile_hlo, cpu_devices
+from alpac.intraop.autoshard import auto_shard
+from alpac.intraop.strategies import follow
+from alpac.plan.cluster import default_cluster
+from alpac.plan.mesh import LogicalMesh
+from alpac.plan.sharding import Sharding
+from alpac.plan.verify import compiled_collectives
+from alpac.xla.bridge import compile_hlo, cpu_devices
 
 DEAD = """HloModule dead
 

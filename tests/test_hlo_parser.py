@@ -6,12 +6,12 @@ from __future__ import annotations
 import re
 
 import pytest
+from conftest import SHARED, TESTDATA
 
 from alpac.errors import UserError
 from alpac.hlo import parse_hlo, print_module
 from alpac.hlo.shape import shape_from_string
-from conftest import SHARED, TESTDATA
-from runtime.xla_bridge import xla_reprint
+from alpac.xla.bridge import xla_reprint
 
 CORPUS = sorted((SHARED / "hlo-corpus").glob("*.hlo")) + sorted(
     (SHARED / "xla-cases").rglob("*.hlo")) + sorted((TESTDATA / "models").glob("*.hlo"))

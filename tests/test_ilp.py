@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from alpac.ilp import Infeasible, MemoryPoint, StrategyGraph, brute_force, reduce_graph, solve
+from alpac.intraop.ilp import Infeasible, MemoryPoint, StrategyGraph, brute_force, reduce_graph, \
+    solve
 
 
 def random_graph(rng, n_nodes, budget_fraction=None, with_ties=False, structured=False):

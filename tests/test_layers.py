@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from alpac.layers import choose_num_layers, cluster, cluster_layers
+from alpac.interop.layers import choose_num_layers, cluster, cluster_layers
 
 
 def brute_force(flops, heavy, edges, L, bound, h):

@@ -1,8 +1,9 @@
 """Every opcode alpac handles is executed end to end by some program of the suite, or refused.
 
-Handled: the opcodes named by the sharding strategies (`alpac.autoshard.strategies`), the
-batch-dimension dataflow (`alpac.step.dataflow`, whose rules for indexing and windowed ops
-live in `alpac.step.oprules`) and the cost rules (`alpac.costs`), read from their tables.
+Handled: the opcodes named by the sharding strategies (`alpac.intraop.strategies`, and the
+collectives of the opcode table `alpac.hlo.opcodes` that its builder refuses), the
+batch-dimension dataflow (`alpac.analysis.step.dataflow`, whose rules for indexing and windowed ops
+live in `alpac.analysis.step.oprules`) and the cost rules (`alpac.analysis.costs`), read from their tables.
 Executed: the opcodes of the programs the suite compiles and runs under alpa-run against a
 reference: testdata/models (tests/test_compile.py, test_testdata.py) and every program of
 the zoo harness (tests/test_zoo.py), the opcode programs of testdata/zoo/opcodes included
@@ -19,14 +20,14 @@ from functools import cache
 from pathlib import Path
 
 import pytest
-
-from alpac.autoshard import strategies
-from alpac.costs import _RULES as COST_RULES
-from alpac.errors import UserError
-from alpac.hlo import parse_hlo
-from alpac.loader import load_module
-from alpac.step import dataflow
 from conftest import TESTDATA
+
+from alpac.analysis.costs import _RULES as COST_RULES
+from alpac.analysis.step import dataflow
+from alpac.errors import UserError
+from alpac.hlo import opcodes, parse_hlo
+from alpac.intraop import strategies
+from alpac.xla.loader import load_module
 from testdata.zoo import run as zoo
 
 # opcode -> (why alpac refuses it, the instructions of a small entry using it over
@@ -141,7 +142,7 @@ def handled_opcodes() -> dict[str, list[str]]:
         "strategies.REPLICATED_ONLY": strategies.REPLICATED_ONLY,
         "strategies.MATERIALIZED": strategies.MATERIALIZED,
         "strategies.FUSIBLE": strategies.FUSIBLE,
-        "strategies.COLLECTIVE_OPS": strategies.COLLECTIVE_OPS,
+        "opcodes.COLLECTIVE_OPS": opcodes.COLLECTIVE_OPS,  # refused by the builder
         "strategies.UNSUPPORTED_OPS": strategies.UNSUPPORTED_OPS,
         "strategies.SOURCE_RULES": strategies.SOURCE_RULES,  # source_strategies
         "strategies.FOLLOW_FIRST": strategies.FOLLOW_FIRST,  # followed_operand, follow,

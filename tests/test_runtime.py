@@ -25,7 +25,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from test_runtime_plans import BATCH, pipeline_plan, plan_inputs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,7 +90,7 @@ def test_one_stage_training_steps_match_one_device(plans, tmp_path, model, mesh,
 def test_inputs_by_parameter_name_and_saved_outputs(plans, tmp_path):
     """The testdata MLP step with its own inputs, keyed by HLO parameter names: one step's
     outputs equal the ones jax computed when the testdata was generated."""
-    from runtime.data import entry_parameters
+    from alpac.runtime.data import entry_parameters
     plan = plans["compiled"]("mlp_train", "2x2")
     params = entry_parameters((plan / "source.hlo").read_text())
     data = np.load(MODELS / "mlp_train.npz")
@@ -108,8 +107,8 @@ def test_inputs_by_parameter_name_and_saved_outputs(plans, tmp_path):
 # ---- pipelined programs --------------------------------------------------------------------
 
 def _whole_step(plan: Path, args, iterations: int):
-    from runtime.data import reference
-    from runtime.xla_bridge import cpu_devices
+    from alpac.runtime.data import reference
+    from alpac.xla.bridge import cpu_devices
     S = len(args) - 2
     return reference((plan / "source.hlo").read_text(), args, [(s, s) for s in range(S)],
                      iterations, cpu_devices(1)[0])
@@ -204,7 +203,7 @@ def test_compiled_pipeline_plan(tmp_path):
 
 def test_direct_mpiexec_launch(plans):
     """`mpiexec -n 4 alpa-run PLAN --worker` works without the launcher."""
-    from runtime.launcher import find_mpiexec
+    from alpac.runtime.launcher import find_mpiexec
     plan = plans["handmade"]("two-stages", [[0, 1], [2, 3]], 4)
     e = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     r = subprocess.run([find_mpiexec(), "-n", "4", ALPA_RUN, str(plan), "--worker", "--check",
@@ -236,7 +235,7 @@ def test_plan_errors_before_launch(plans, tmp_path):
 
 
 def test_wrong_device_count_under_direct_mpiexec(plans):
-    from runtime.launcher import find_mpiexec
+    from alpac.runtime.launcher import find_mpiexec
     plan = plans["handmade"]("two-stages", [[0, 1], [2, 3]], 4)
     start = time.monotonic()
     r = subprocess.run([find_mpiexec(), "-n", "2", ALPA_RUN, str(plan), "--worker"],

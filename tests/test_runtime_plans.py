@@ -248,8 +248,9 @@ def plan_inputs(S: int, seed: int = 0) -> list[np.ndarray]:
 # ---- checks of the hand-made programs themselves ---------------------------------------------
 
 def _interpret(plan: Path, args, iterations: int):
-    from alpac.program import Program
     from program_interpreter import run_program
+
+    from alpac.plan.program import Program
     data = json.loads((plan / "plan.json").read_text())
     program = Program.from_dict(data["program"])
     texts = {p.name: p.read_text() for p in plan.glob("*.hlo")}
@@ -257,8 +258,8 @@ def _interpret(plan: Path, args, iterations: int):
 
 
 def _whole(plan: Path, args, iterations: int):
-    from runtime.data import reference
-    from runtime.xla_bridge import cpu_devices
+    from alpac.runtime.data import reference
+    from alpac.xla.bridge import cpu_devices
     S = len(args) - 2
     return reference((plan / "source.hlo").read_text(), args, [(s, s) for s in range(S)],
                      iterations, cpu_devices(1)[0])

@@ -8,12 +8,12 @@ import json
 
 import numpy as np
 import pytest
-
-from alpac.schedule import bubble_fraction, max_live_microbatches, stage_tasks, timeline
-from runtime import resharding
-from runtime.data import Param, entry_parameters, load_inputs, random_input, relative_errors
-from runtime.launcher import find_mpiexec, parse_mpi_args
 from test_runtime_plans import pipeline_plan
+
+from alpac.plan.schedule import bubble_fraction, max_live_microbatches, stage_tasks, timeline
+from alpac.runtime import resharding
+from alpac.runtime.data import Param, entry_parameters, load_inputs, random_input, relative_errors
+from alpac.runtime.launcher import find_mpiexec, parse_mpi_args
 
 # ---- schedules -------------------------------------------------------------------------------
 
@@ -55,14 +55,14 @@ def test_live_microbatch_bounds():
 # ---- the task order of a program ---------------------------------------------------------------
 
 def _program(tmp_path, meshes, B=4, name="p"):
-    from alpac.program import Program
+    from alpac.plan.program import Program
     plan = pipeline_plan(tmp_path / name, meshes, B)
     return Program.from_dict(json.loads((plan / "plan.json").read_text())["program"])
 
 
 @pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
 def test_timeline_follows_the_schedule(tmp_path, kind):
-    from runtime.timeline import build
+    from alpac.runtime.timeline import build
     program = _program(tmp_path, [[0], [1], [2], [3]], B=8)
     tl = build(program, kind)
     for s, want in enumerate(stage_tasks(4, 8, kind)):
@@ -85,7 +85,7 @@ def test_timeline_follows_the_schedule(tmp_path, kind):
 
 
 def test_timeline_refuses_broken_programs(tmp_path):
-    from runtime.timeline import ProgramError, build
+    from alpac.runtime.timeline import ProgramError, build
     program = _program(tmp_path, [[0, 1], [2, 3]])
     program.transfers = [t for t in program.transfers if t.value != "h1"]
     with pytest.raises(ProgramError, match="takes h1 from mesh 0, but the program lists no "
@@ -102,7 +102,7 @@ def test_timeline_refuses_broken_programs(tmp_path):
 # ---- cross-mesh resharding -------------------------------------------------------------------
 
 def _regions(text, n, shape):
-    from runtime.xla_bridge import cpu_devices, sharding_from_text
+    from alpac.xla.bridge import cpu_devices, sharding_from_text
     devices = cpu_devices(n)
     index = sharding_from_text(text, devices).devices_indices_map(tuple(shape))
     return [resharding.region_of(index[d], shape) for d in devices]
@@ -160,8 +160,8 @@ def test_resharding_prefers_a_source_on_the_same_rank():
 
 
 def test_identity_module_reshards():
-    from runtime.transfers import identity_module
-    from runtime.xla_bridge import compile_hlo, cpu_devices
+    from alpac.runtime.transfers import identity_module
+    from alpac.xla.bridge import compile_hlo, cpu_devices
     exe = compile_hlo(identity_module([4, 8], "f32", "{devices=[2,1]0,1}", "{replicated}"),
                       cpu_devices(2))
     x = np.arange(32, dtype=np.float32).reshape(4, 8)
@@ -197,8 +197,8 @@ def test_reduce_scatter_runs_as_all_reduce_and_slice_across_processes(groups, di
     tile wrong, differently from run to run. alpa-run compiles such modules with each
     reduce-scatter as an all-reduce and a slice at the device's place in its group: the same
     values, and no reduce-scatter left for XLA to run."""
-    from runtime.collectives import reduce_scatters_as_all_reduces, replica_groups
-    from runtime.xla_bridge import compile_hlo, cpu_devices
+    from alpac.runtime.collectives import reduce_scatters_as_all_reduces, replica_groups
+    from alpac.xla.bridge import compile_hlo, cpu_devices
     assert replica_groups("[2,2]<=[2,2]T(1,0)", 4) == [[0, 2], [1, 3]]
     assert replica_groups("{}", 4) == [[0, 1, 2, 3]]
     if groups == "{{0,1,2,3}}":  # one group of four: the 256 columns split four ways
@@ -222,8 +222,8 @@ def test_reduce_scatter_over_the_whole_mesh_leaves_its_region_replicated():
     """A manual reduce-scatter over every partition whose result is then replicated: as an
     all-reduce plus dynamic-slice, XLA's CPU compiler aborts (a check on manual shardings);
     as an all-reduce leaving the manual region replicated it compiles, with the same values."""
-    from runtime.collectives import reduce_scatters_as_all_reduces
-    from runtime.xla_bridge import compile_hlo, cpu_devices
+    from alpac.runtime.collectives import reduce_scatters_as_all_reduces
+    from alpac.xla.bridge import compile_hlo, cpu_devices
     text = ("HloModule rs\n\n%add (a: f32[], b: f32[]) -> f32[] {\n  %a = f32[] parameter(0)\n"
             "  %b = f32[] parameter(1)\n  ROOT %s = f32[] add(%a, %b)\n}\n\n"
             "ENTRY %main (p: f32[8,4]) -> f32[8,4] {\n"
@@ -290,12 +290,12 @@ def test_mpi_arguments():
 
 def run_local(plan_dir, host_inputs: dict, iters: int = 1, schedule: str | None = None):
     """Run a plan's program in this process, as one MPI rank (singleton) with every device."""
-    from alpac.program import Program
-    from runtime.comm import Comm
-    from runtime.data import assemble
-    from runtime.executor import Executor, host_pieces
-    from runtime.timeline import build
-    from runtime.xla_bridge import cpu_devices
+    from alpac.plan.program import Program
+    from alpac.runtime.comm import Comm
+    from alpac.runtime.data import assemble
+    from alpac.runtime.executor import Executor, host_pieces
+    from alpac.runtime.timeline import build
+    from alpac.xla.bridge import cpu_devices
     program = Program.from_dict(json.loads((plan_dir / "plan.json").read_text())["program"])
     tl = build(program, schedule)
     n = max(d for m in program.meshes for d in m.devices) + 1
@@ -316,8 +316,8 @@ def run_local(plan_dir, host_inputs: dict, iters: int = 1, schedule: str | None 
 def test_pipeline_in_one_process_matches_the_whole_step(tmp_path):
     """Two meshes in one rank: pieces go through the local mailbox, the replicated gradient
     through the local all-gather, the microbatch index is forwarded inside its mesh."""
-    from runtime.data import reference
-    from runtime.xla_bridge import cpu_devices
+    from alpac.runtime.data import reference
+    from alpac.xla.bridge import cpu_devices
     plan = pipeline_plan(tmp_path / "p", [[0, 1], [2, 3]], 4)
     args = [np.asarray(a) for a in __import__("test_runtime_plans").plan_inputs(2)]
     outs, steps, program = run_local(plan, dict(enumerate(args)), iters=2, schedule="gpipe")

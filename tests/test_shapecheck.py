@@ -11,10 +11,10 @@ import sys
 import time
 
 import pytest
+from conftest import ROOT, SHARED, TESTDATA
 
 from alpac.errors import UserError
-from alpac.loader import load_module
-from conftest import ROOT, SHARED, TESTDATA
+from alpac.xla.loader import load_module
 
 SUM = """
 sum {

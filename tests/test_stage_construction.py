@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import random
 
-from alpac.cluster import default_cluster
-from alpac.compiler import build_pipeline
-from alpac.passmanager import CompileContext, PassManager
-from alpac.stage_costs import LayerCost, RangeCosts
-from passes.stage_construction import StageConstructionPass
+from alpac.analysis.costs import CostTable
+from alpac.analysis.step.split import StepSplit
+from alpac.driver import build_pipeline
+from alpac.interop.construct import cluster_into_layers
+from alpac.interop.pricing import LayerCost, RangeCosts
+from alpac.passes.manager import CompileContext, PassManager
+from alpac.plan.cluster import default_cluster
 from testdata.generate import gpt_suite_hlo
 
 
@@ -23,8 +25,8 @@ def test_no_layer_holds_more_than_one_gpt_block(tmp_path):
     PassManager(build_pipeline("load,inline-calls,flatten-params,cost-analysis,"
                                "batch-analysis,step-split"), frozenset(), tmp_path / "dump",
                 None, None).run(ctx)
-    split = ctx.module.analyses["step"]
-    layer_of, n = StageConstructionPass().cluster(split, ctx.module.analyses["costs"])
+    split = ctx.get(StepSplit)
+    layer_of, n = cluster_into_layers(split, ctx.get(CostTable))
     forward_dots = [x for x in split.forward if x.opcode == "dot" and x.name in layer_of]
     per_block = (len(forward_dots) - 1) // blocks  # and one for the output projection
     assert len(forward_dots) == per_block * blocks + 1

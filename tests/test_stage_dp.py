@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from alpac.stage_dp import NoFeasiblePlan, StageCost, stage_dp
-from alpac.submesh import logical_shapes, place, submesh_shapes
+from alpac.interop.stage_dp import NoFeasiblePlan, StageCost, stage_dp
+from alpac.interop.submesh import logical_shapes, place, submesh_shapes
 
 
 def brute_force(L, shapes, configs, nodes, M, Bs, cost, fixed=None):

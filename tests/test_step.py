@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 from conftest import SHARED, TESTDATA
 
+from alpac.analysis.step import BatchInfo, MicrobatchRefused, StepSplit, batch_info_from_args, \
+    detect_batch, parse_batch_args
+from alpac.analysis.step.lattice import PSUM, split
 from alpac.errors import UserError
 from alpac.hlo import parse_hlo
 from alpac.hlo.transforms import inline_calls
-from alpac.passmanager import CompileContext, PassManager, available_passes
-from alpac.step import BatchInfo, MicrobatchRefused, StepSplit, batch_info_from_args, \
-    detect_batch, parse_batch_args
-from alpac.step.lattice import PSUM, split
+from alpac.passes.manager import CompileContext, PassManager, available_passes
 
 MODELS = TESTDATA / "models"
 MANIFEST = json.loads((MODELS / "manifest.json").read_text())
@@ -68,7 +68,7 @@ class _Models:
     def unsplit(self, stem: str) -> list[np.ndarray]:
         """The original module on one device (run_hlo_single_device, the reference)."""
         if stem not in self._unsplit:
-            from runtime.xla_bridge import run_hlo_single_device
+            from alpac.xla.bridge import run_hlo_single_device
             text = (MODELS / f"{stem}.hlo").read_text()
             self._unsplit[stem] = run_hlo_single_device(text, self.data(stem)[0])
         return self._unsplit[stem]
@@ -128,9 +128,9 @@ def test_passes_registered_and_run():
               registry["batch-analysis"].with_options({"batch_args": "25:0,26:0"}),
               registry["step-split"]()]
     PassManager(passes).run(ctx)
-    info = ctx.module.analyses["batch"]
+    info = ctx.get(BatchInfo)
     assert isinstance(info, BatchInfo) and info.given and info.dims == {25: 0, 26: 0}
-    step = ctx.module.analyses["step"]
+    step = ctx.get(StepSplit)
     assert isinstance(step, StepSplit) and step.refusal is None
     json.dumps(step.summary())
 
@@ -140,7 +140,7 @@ def test_passes_registered_and_run():
 @pytest.mark.parametrize("B", [2, 4, 8])
 @pytest.mark.parametrize("model", ["mlp", "gpt", "bert", "moe"])
 def test_train_step_microbatched_exactly(models, model, B):
-    from alpac.step.execute import run_microbatched
+    from alpac.analysis.step.execute import run_microbatched
     stem = f"{model}_train"
     sp = models.split(stem)
     assert sp.refusal is None, sp.refusal
@@ -184,7 +184,7 @@ def test_train_split_structure(models):
 @pytest.mark.parametrize("B", [2, 8])
 @pytest.mark.parametrize("model", ["mlp", "gpt", "bert", "moe", "wresnet"])
 def test_forward_microbatched_exactly(models, model, B):
-    from alpac.step.execute import run_microbatched
+    from alpac.analysis.step.execute import run_microbatched
     stem = f"{model}_fwd"
     sp = models.split(stem)
     assert sp.refusal is None, sp.refusal
@@ -247,8 +247,8 @@ def test_maxtext_analysed():
     json.dumps(sp.summary())
     # the per-microbatch module (two scans over the layers, shrunk to 2 of 16 sequences) is
     # valid HLO for XLA: it compiles (too big to run here)
+    from alpac.analysis.step.execute import compiled
     from alpac.hlo import print_module
-    from alpac.step.execute import compiled
     step = sp.microbatch(8)
     whiles = [x for x in step.microbatch.entry.instructions if x.opcode == "while"]
     assert len(whiles) == 2
@@ -281,8 +281,8 @@ def test_scan_over_layers_microbatched_exactly():
     import jax.numpy as jnp
     from jax import lax
 
-    from alpac.step.execute import run_microbatched
-    from runtime.xla_bridge import run_hlo_single_device
+    from alpac.analysis.step.execute import run_microbatched
+    from alpac.xla.bridge import run_hlo_single_device
     L, D, N, S = 3, 8, 8, 4
 
     def loss(params, x, y):
@@ -444,8 +444,8 @@ ENTRY main {
 def test_iota_over_the_batch_and_full_outputs_run_exactly():
     """An iota along the batch dim is sliced at microbatch_index x 4; a max over the batch is
     computed once per step from the concatenated per-example values."""
-    from alpac.step.execute import run_microbatched
-    from runtime.xla_bridge import run_hlo_single_device
+    from alpac.analysis.step.execute import run_microbatched
+    from alpac.xla.bridge import run_hlo_single_device
     text = "HloModule t\n" + _REGIONS + """
 ENTRY main {
   x = f32[8,4] parameter(0)

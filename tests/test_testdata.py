@@ -9,9 +9,9 @@ from functools import cache
 
 import numpy as np
 import pytest
+from conftest import TESTDATA
 
 from alpac.hlo import parse_hlo
-from conftest import TESTDATA
 
 MODELS_DIR = TESTDATA / "models"
 MODEL_NAMES = ("mlp", "gpt", "bert", "moe", "wresnet")
@@ -145,7 +145,7 @@ def test_batch_inputs_have_the_batch_on_dim_0(stem):
 @pytest.mark.parametrize("stem", STEMS)
 def test_committed_hlo_reproduces_the_reference_outputs(stem):
     """XLA compiles the committed text; run on the npz inputs it gives the npz outputs."""
-    from runtime.xla_bridge import run_hlo_single_device
+    from alpac.xla.bridge import run_hlo_single_device
     data = npz(stem)
     n_args = len(module(stem).entry.parameters)
     n_outs = len(module(stem).entry.root.shape.leaves())
@@ -206,7 +206,7 @@ def test_gpt_suite_module_parses():
 
 
 def test_gpt_suite_rejects_unknown_names():
-    from testdata.generate import GPT_SUITE, gpt_suite_parameter_count, gpt_suite_hlo
+    from testdata.generate import GPT_SUITE, gpt_suite_hlo, gpt_suite_parameter_count
     with pytest.raises(ValueError):
         gpt_suite_hlo("7B")
     # the suite's sizes are the paper's nominal ones (within 3%): 350M ... 39B

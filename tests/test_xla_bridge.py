@@ -1,4 +1,4 @@
-"""Compiling and running sharded HLO through runtime.xla_bridge (8 virtual CPU devices).
+"""Compiling and running sharded HLO through alpac.xla.bridge (8 virtual CPU devices).
 
 Modules come from `jax.jit(...).lower(...).as_text(dialect="hlo")`; shardings are added by
 editing alpac's IR, as alpac's own passes will.
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from alpac.hlo import parse_hlo, print_module
-from runtime import xla_bridge as xb
+from alpac.xla import bridge as xb
 
 RNG = np.random.default_rng(0)
 
@@ -181,7 +181,8 @@ def test_tuple_root_sharding_and_dtypes(devs):
 def test_jax_emitted_sharded_hlo(devs):
     """HLO that jax itself emits for a sharded jit (sdy frontend attributes, a Sharding
     custom-call) compiles through the same route."""
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
     mesh = Mesh(np.array(devs[:4]).reshape(2, 2), ("a", "b"))
 
     def f(x, w):
@@ -291,7 +292,7 @@ def test_ensure_host_device_count_fresh_process():
     from pathlib import Path
     root = Path(__file__).resolve().parent.parent
     code = ("import jax\n"  # imported, but the CPU backend has not started yet
-            "from runtime import xla_bridge as xb\n"
+            "from alpac.xla import bridge as xb\n"
             "xb.ensure_host_device_count(3)\n"
             "print(len(xb.cpu_devices(3)), len(xb.cpu_devices()))\n")
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}

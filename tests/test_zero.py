@@ -9,13 +9,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from alpac.autoshard.verify import compiled_collectives
-from alpac.cluster import default_cluster
-from alpac.compiler import build_pipeline, compile_model
-from alpac.hlo import parse_hlo
 from conftest import TESTDATA
-from runtime.xla_bridge import compile_hlo, cpu_devices, run_hlo_single_device
+
+from alpac.driver import build_pipeline, compile_model
+from alpac.hlo import parse_hlo
+from alpac.plan.cluster import default_cluster
+from alpac.plan.verify import compiled_collectives
+from alpac.xla.bridge import compile_hlo, cpu_devices, run_hlo_single_device
 
 
 @cache
@@ -78,7 +78,7 @@ def test_optimizer_state_is_divided_as_estimated(name):
 
 def _tile_bytes(row, split=True) -> int:
     from alpac.hlo.shape import shape_from_string
-    from alpac.sharding import parse_xla_sharding
+    from alpac.plan.sharding import parse_xla_sharding
     shape = shape_from_string(row["shape"])
     n = shape.num_elements
     if split:
@@ -121,11 +121,11 @@ def test_rewrite_saves_memory_without_slowing_the_step(name, mesh):
 ])
 def test_megatron_rule_splits_batch_over_dp_and_weights_over_tp(mesh_shape, batch_split,
                                                                 weight_split):
-    from alpac.autoshard.space import array_shardings
-    from alpac.autoshard.strategies import Strategy
     from alpac.hlo.ir import Instruction
     from alpac.hlo.shape import parse_shape
-    from alpac.strategy_rules import Roles, rule
+    from alpac.intraop.rules import Roles, rule
+    from alpac.intraop.space import array_shardings
+    from alpac.intraop.strategies import Strategy
 
     shape = parse_shape("f32[64,64]")[0]
     batch, weight = (Instruction(n, "parameter", shape, (), {}, str(k))

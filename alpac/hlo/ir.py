@@ -4,8 +4,8 @@ A `Module` holds `Computation`s, a computation holds `Instruction`s in a topolog
 Attributes XLA printed are kept as their exact text (`Instruction.attrs`), so nothing is lost,
 and typed views (`dims`, `window`, `parameter_number`, ...) read them on demand. References to
 other computations (`to_apply`, `body`, `calls`, ...) are held as objects, so renaming or
-extracting a computation keeps them right. Analyses attach results to `Module.analyses`, keyed
-by their name, never to the text.
+extracting a computation keeps them right. Analyses of a module are results of their own
+(passes hand them on by type), never attached to the IR.
 """
 
 from __future__ import annotations
@@ -15,37 +15,13 @@ import re
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
+from alpac.hlo.opcodes import IDENTITY_CUSTOM_CALLS, SIDE_EFFECTING
 from alpac.hlo.shape import Shape
 
 # Attributes whose values name computations.
 COMPUTATION_ATTRS = frozenset({
     "to_apply", "body", "condition", "calls", "branch_computations", "true_computation",
     "false_computation", "select", "scatter", "called_computations", "async_wrapped_computation",
-})
-
-ELEMENTWISE_UNARY = frozenset({
-    "abs", "cbrt", "ceil", "convert", "copy", "cosine", "count-leading-zeros", "erf",
-    "exponential", "exponential-minus-one", "floor", "imag", "is-finite", "log", "log-plus-one",
-    "logistic", "negate", "not", "popcnt", "real", "reduce-precision", "round-nearest-afz",
-    "round-nearest-even", "rsqrt", "sign", "sine", "sqrt", "tan", "tanh", "bitcast-convert",
-    "stochastic-convert",
-})
-ELEMENTWISE_BINARY = frozenset({
-    "add", "atan2", "and", "complex", "compare", "divide", "maximum", "minimum", "multiply",
-    "or", "power", "remainder", "shift-left", "shift-right-arithmetic", "shift-right-logical",
-    "subtract", "xor",
-})
-ELEMENTWISE_TERNARY = frozenset({"select", "clamp"})
-ELEMENTWISE = ELEMENTWISE_UNARY | ELEMENTWISE_BINARY | ELEMENTWISE_TERNARY
-TRANSCENDENTAL = frozenset({
-    "cosine", "erf", "exponential", "exponential-minus-one", "log", "log-plus-one", "logistic",
-    "power", "rsqrt", "sine", "sqrt", "tan", "tanh", "cbrt", "atan2",
-})
-# custom-calls that pass their one operand through unchanged (sharding and placement
-# annotations): every analysis treats them as the identity
-IDENTITY_CUSTOM_CALLS = frozenset({
-    "Sharding", "annotate_device_placement", "MoveToHost", "MoveToDevice",
-    "xla.sdy.FuncResultSharding", "LayoutConstraint", "xla_python_cpu_callback_identity",
 })
 
 _DIMS = re.compile(r"-?\d+")
@@ -259,8 +235,7 @@ class Computation:
 def _has_side_effect(instr: Instruction, _seen: set[int] | None = None) -> bool:
     """Side effects as XLA's dead-code elimination sees them: I/O, rng, side-effecting custom
     calls, and any instruction whose called computations (a while body) have one."""
-    if (instr.opcode in ("outfeed", "send", "send-done", "infeed", "recv", "recv-done",
-                         "after-all", "rng", "rng-get-and-update-state")
+    if (instr.opcode in SIDE_EFFECTING
             or str(instr.attrs.get("custom_call_has_side_effect", "")) == "true"):
         return True
     seen = set() if _seen is None else _seen
@@ -283,6 +258,22 @@ class Alias:
     kind: str = "may-alias"
 
 
+class UniqueNames:
+    """Names not yet taken: `fresh(base)` is `base` itself when that is free, else the first
+    free one of `base.1`, `base.2`, ...; a name handed out is taken from then on."""
+
+    def __init__(self, taken: Iterable[str] = ()):
+        self.taken: set[str] = set(taken)
+
+    def fresh(self, base: str) -> str:
+        name, k = base, 0
+        while name in self.taken:
+            k += 1
+            name = f"{base}.{k}"
+        self.taken.add(name)
+        return name
+
+
 @dataclass
 class Module:
     name: str
@@ -292,8 +283,7 @@ class Module:
     input_output_alias: list[Alias] = field(default_factory=list)
     buffer_donors: list[tuple[int, tuple[int, ...]]] = field(default_factory=list)
     entry_layout: tuple[list[Shape], Shape] | None = None  # entry_computation_layout
-    analyses: dict[str, object] = field(default_factory=dict, repr=False, compare=False)
-    _names: set[str] | None = field(default=None, repr=False, compare=False)
+    _names: UniqueNames | None = field(default=None, repr=False, compare=False)
 
     def computation(self, name: str) -> Computation:
         for comp in self.computations:
@@ -330,17 +320,12 @@ class Module:
 
     def unique_name(self, base: str) -> str:
         if self._names is None:
-            self._names = ({i.name for i in self.instructions()}
-                           | {c.name for c in self.computations})
-        name, k = base, 0
-        while name in self._names:
-            k += 1
-            name = f"{base}.{k}"
-        self._names.add(name)
-        return name
+            self._names = UniqueNames({i.name for i in self.instructions()}
+                                      | {c.name for c in self.computations})
+        return self._names.fresh(base)
 
     def clone(self) -> "Module":
-        """A copy sharing nothing mutable, without attached analyses."""
+        """A copy sharing nothing mutable."""
         comp_map: dict[int, Computation] = {}
         for comp in self.computations:
             comp_map[id(comp)] = Computation(comp.name, is_entry=comp.is_entry)

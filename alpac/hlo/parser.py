@@ -14,10 +14,10 @@ import gc
 import re
 
 from alpac.errors import UserError
-from alpac.hlo.ir import COMPUTATION_ATTRS, ELEMENTWISE, Alias, Computation, ComputationRefs, \
-    Instruction, Module
+from alpac.hlo.ir import COMPUTATION_ATTRS, Alias, Computation, ComputationRefs, Instruction, Module
+from alpac.hlo.opcodes import ELEMENTWISE
 from alpac.hlo.shape import Shape, ShapeSyntaxError, parse_shape
-from alpac.hlo.shapecheck import same_shape
+from alpac.hlo.shaperules import same_shape
 
 _SPECIAL = re.compile(r'[(){}\[\]",]')
 _VALUE_STOP = re.compile(r'[\s(){}\[\]",]')

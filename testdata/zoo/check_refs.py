@@ -3,7 +3,7 @@
     .venv/bin/python testdata/zoo/check_refs.py [NAME ...] [--rtol 1e-5] [--atol 1e-6]
 
 For each program in testdata/zoo/manifest.json (or the names given): compile
-`programs/<name>.hlo` the way alpac's runtime does (runtime.xla_bridge.run_hlo_single_device:
+`programs/<name>.hlo` the way alpac's runtime does (alpac.xla.bridge.run_hlo_single_device:
 HLO text -> StableHLO -> one CPU device), feed arg0..argN from `<name>.npz` and compare the
 outputs with out0..outM. Prints, per program, the largest relative error over all outputs
 (|got - want| / max(|want|, atol / rtol), elementwise) and whether every output is within
@@ -29,7 +29,7 @@ import jax  # noqa: E402
 # without x64, jax would hand them to XLA as s32/f32 arrays, which the executable rejects.
 jax.config.update("jax_enable_x64", True)
 
-from runtime.xla_bridge import run_hlo_single_device  # noqa: E402
+from alpac.xla.bridge import run_hlo_single_device  # noqa: E402
 
 
 def check(name: str, rtol: float, atol: float) -> tuple[bool, float, str]:

@@ -203,7 +203,7 @@ def xla_noise(name: str, info: dict, hlo: Path, npz: Path, work: Path) -> dict[s
 def _xla_noise_worker(spec_path: Path) -> None:
     os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={NOISE_WAYS}"
     sys.path.insert(0, str(ROOT))
-    from runtime.xla_bridge import compile_hlo, cpu_devices
+    from alpac.xla.bridge import compile_hlo, cpu_devices
     spec = json.loads(spec_path.read_text())
     text = Path(spec["hlo"]).read_text()
     batch = {int(k): v for k, v in spec["batch"].items()}
@@ -212,7 +212,7 @@ def _xla_noise_worker(spec_path: Path) -> None:
     outs = compile_hlo(data_parallel(text, batch, [a.shape for a in args], NOISE_WAYS),
                        cpu_devices(NOISE_WAYS)).run(args)
     keys = [f"out{k}" for k in range(len(outs))]
-    from runtime.data import relative_errors
+    from alpac.runtime.data import relative_errors
     errors = relative_errors(outs, [ref[k] for k in keys])
     spec_path.write_text(json.dumps({**spec, "errors": dict(zip(keys, errors))}))
 
@@ -269,7 +269,7 @@ def verify_one(name: str, work: Path, timeout: float = 900) -> Outcome:
 def compare(saved: Path, reference: Path) -> dict[str, float]:
     """Norm-wise relative error per output: max |out - ref| / max |ref|."""
     sys.path.insert(0, str(ROOT))
-    from runtime.data import relative_errors
+    from alpac.runtime.data import relative_errors
     got, ref = np.load(saved), np.load(reference)
     keys = sorted((k for k in ref.files if k.startswith("out")), key=lambda k: int(k[3:]))
     errs = relative_errors([got[k] for k in keys], [ref[k] for k in keys])

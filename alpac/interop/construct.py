@@ -1,0 +1,401 @@
+"""Split the program into pipeline stages and give each a submesh and a logical mesh.
+
+With a mesh given, one stage runs the whole step on it (intra-operator parallelism only).
+Otherwise (Alpa's inter-operator algorithm): cluster the forward pass into layers, price each
+layer on every submesh and logical mesh with the sharding ILP (identical layers once, in
+parallel), let the stage DP choose the stages, their meshes and the number of microbatches,
+and build each stage's module for the final ILP. A step that cannot be microbatched exactly
+runs as one stage with B = 1, and the assignment says why.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from alpac.errors import UserError
+from alpac.hlo.opcodes import CONTRACTIONS
+from alpac.interop import pipeline as pl
+from alpac.interop.layers import choose_num_layers, cluster_layers, layer_owned
+from alpac.interop.pricing import LayerCost, LayerModules, LayerTask, RangeCosts, solve_all
+from alpac.interop.stage import Stage, StageAssignment
+from alpac.interop.stage_dp import NoFeasiblePlan, StageCost, StagePlan, stage_dp
+from alpac.interop.submesh import grid_shape, logical_shapes, submesh_shapes
+from alpac.intraop.rules import parse_megatron, roles_of_stage, roles_of_step, rule, update_rule
+from alpac.plan.mesh import LogicalMesh
+
+
+@dataclass(frozen=True)
+class StageOptions:
+    """How stages are chosen (the stage-construction pass's options)."""
+
+    mesh: str = ""  # e.g. 2x4: one stage on that logical mesh, intra-op parallelism only
+    micro_batches: int = 0  # number of microbatches (0: chosen among divisors of the batch)
+    layers: int = 0  # number of layers (0: chosen)
+    stages: str = ""  # pinned layer ranges, e.g. "0-3,4-7"
+    jobs: int = 0  # parallel ILP solves (0: all cores)
+    layer_time_limit: float = 5.0  # seconds per layer ILP (the DP needs costs, not proofs)
+    max_micro_batches: int = 128
+    strategy: str = ""  # data-parallel | zero2 | zero3 | megatron:dp=..,tp=..,pp=..
+
+
+class MeshConfig(NamedTuple):
+    """A logical mesh shape for a submesh, and whether its weights and optimizer state are
+    stored split (ZeRO-3: "lean", slower, for stages that do not fit otherwise)."""
+
+    shape: tuple[int, ...]
+    lean: bool
+
+
+SINGLE_STAGE_STRATEGIES = ("data-parallel", "zero2", "zero3")
+LOOPED_LAYERS = ("fewer than two dots or convolutions of the forward pass sit outside loops "
+                 "(layers applied by a while/scan loop): pipeline stages cannot be cut inside "
+                 "a loop yet, so the step runs as one stage")
+
+
+def construct_stages(module, split, costs, cluster, budget: float, options: StageOptions,
+                     progress=None, stats: dict | None = None) -> StageAssignment:
+    """The stages of the step (module docstring); a pipeline's figures and where its time
+    goes are put in `stats`."""
+    whole = _whole_program(module, cluster)
+    if options.strategy in SINGLE_STAGE_STRATEGIES:
+        mesh = _mesh(options.mesh, cluster)
+        stage = whole(mesh, rule(options.strategy, roles_of_step(module, split), mesh.shape))
+        return StageAssignment((stage,), strategy=options.strategy)
+    if options.strategy and not options.strategy.startswith("megatron"):
+        rule(options.strategy, None, ())  # says what is expected
+    if options.mesh:
+        return StageAssignment((whole(_mesh(options.mesh, cluster)),))
+    reason = None if split is None else split.refusal
+    if split is None or reason is not None or not split.backward:
+        return StageAssignment((whole(_mesh("", cluster)),),
+                               microbatching_refused=reason or "no training step found")
+    if sum(is_heavy(x) for x in layer_anchored(split)) < 2:
+        return StageAssignment((whole(_mesh("", cluster)),), pipelining_refused=LOOPED_LAYERS)
+    return _Pipeliner(module, split, costs, cluster, budget, options, progress,
+                      {} if stats is None else stats).run()
+
+
+def _mesh(text: str, cluster) -> LogicalMesh:
+    devices = range(cluster.num_devices)
+    return LogicalMesh.parse(text, devices) if text else \
+        LogicalMesh((cluster.num_devices,), tuple(devices))
+
+
+def _whole_program(module, cluster):
+    def whole(mesh: LogicalMesh, stage_rule=None) -> Stage:
+        nodes = {cluster.node_of(d) for d in mesh.devices}
+        return Stage(0, mesh, module, None, (len(nodes), mesh.num_devices // len(nodes)),
+                     rule=stage_rule)
+    return whole
+
+
+def is_heavy(x) -> bool:
+    """An instruction that anchors a layer: Alpa's layers are cut around dots and convolutions."""
+    return x.opcode in CONTRACTIONS
+
+
+def layer_anchored(split) -> list:
+    """The forward instructions that layers own (`layer_owned`), in order."""
+    batch = {a.param for a in split.batch.args}
+    owned = layer_owned(split.module.entry, lambda p: p.parameter_number in batch)
+    return [x for x in split.forward if x in owned]
+
+
+def cluster_into_layers(split, costs, num_layers: int = 0) -> tuple[dict[str, int], int]:
+    """Forward activations into layers (Alpa's layer construction), backward ones paired
+    with the layer they differentiate. Values computed from inputs alone (masks, one-hot
+    labels) are left out: every stage recomputes them, so they cross no cut."""
+    forward = layer_anchored(split)
+    index = {x: i for i, x in enumerate(forward)}
+    flops = [costs[x].flops if x in costs else 0.0 for x in forward]
+    heavy = [is_heavy(x) for x in forward]
+    edges = [(index[o], index[x], o.shape.byte_size) for x in forward for o in x.operands
+             if o in index]
+    if num_layers:
+        n, clustering = num_layers, cluster_layers(flops, heavy, edges, num_layers)
+    else:
+        n, clustering = _cheapest_to_price(forward, flops, heavy, edges)
+    forward_layer = dict(zip(forward, clustering.layer_of_op))
+    backward_layer = split.backward_layers(forward_layer)
+    layer_of = {x.name: layer for x, layer in {**forward_layer, **backward_layer}.items()}
+    return layer_of, n
+
+
+_SOLVE_OVERHEAD_OPS = 50
+
+
+def _cheapest_to_price(forward, flops, heavy, edges):
+    """The layer count near Alpa's choice whose layers cost the least to price. Layers that
+    are the same program up to names are priced once; a layer's ILPs grow about
+    quadratically with its size, plus a fixed cost per solve (counted as a layer of
+    `_SOLVE_OVERHEAD_OPS` operations'): the least sum over the distinct layers, then more
+    layers. Measured on GPT-2.6B (32 blocks, 64 devices), layer ILPs: 65 s at two blocks per
+    layer, 40 s at one, 25 s at half a block; on GPT-39B (48 blocks) 36 s at one, 51 s at
+    half a block, with five distinct layers instead of three."""
+    base = choose_num_layers(flops, heavy, edges)
+    best = None
+    for n in range(max(2, base // 2), min(sum(heavy), 2 * base, 128) + 1):
+        clustering = cluster_layers(flops, heavy, edges, n)
+        shapes = {tuple((x.opcode, x.shape.without_layout())
+                        for x in forward[clustering.bounds[k]:clustering.bounds[k + 1]])
+                  for k in range(n)}
+        key = (sum(len(s) ** 2 + _SOLVE_OVERHEAD_OPS ** 2 for s in shapes), -n)
+        if best is None or key < best[0]:
+            best = (key, n, clustering)
+    return best[1], best[2]
+
+
+def stage_rule(stage_module, graph, mesh, megatron: bool, lean: bool):
+    """The ILP filter of a stage (or layer) module: Megatron's when that strategy is forced,
+    weights and optimizer state stored split when the option is lean, else None."""
+    if not megatron and not lean:
+        return None
+    roles = roles_of_stage(stage_module, graph)
+    allow = rule("megatron", roles, mesh.shape) if megatron else None
+    return update_rule(roles, mesh.shape, "3", allow) if lean else allow
+
+
+class _Pipeliner:
+    """Alpa's inter-operator pass over one training step, one method per phase: layers,
+    mesh configs, layer ILPs (at two microbatch counts, and memory-lean variants), the stage
+    DP, and the stages' modules."""
+
+    def __init__(self, module, split, costs, cluster, budget, options: StageOptions, progress,
+                 stats: dict):
+        self.module, self.split, self.costs, self.cluster = module, split, costs, cluster
+        self.budget, self.options, self.on_progress = budget, options, progress
+        self.stats, self.seconds, self.clock = stats, {}, time.perf_counter()
+        self.forced = None  # (dp, tp, pp) of a forced Megatron strategy
+        self.solved, self.chosen, self.again = {}, {}, {}  # (layer hash, m, c) -> ...
+
+    def run(self) -> StageAssignment:
+        self.cluster_layers()
+        self.mesh_configs()
+        self.price_layers()
+        self.stats.update(self.figures())
+        plan = self.stage_dp()
+        return self.build(plan)
+
+    def lap(self, what: str) -> None:
+        now = time.perf_counter()
+        self.seconds[what] = self.seconds.get(what, 0.0) + now - self.clock
+        self.clock = now
+
+    def cluster_layers(self) -> None:
+        """Layers, the microbatch counts to consider, and each layer's module at a reference
+        count."""
+        self.layer_of, self.num_layers = cluster_into_layers(self.split, self.costs,
+                                                             self.options.layers)
+        self.lap("layer clustering")
+        batch = self.split.batch.size
+        self.candidates = [b for b in _powers_of_two(min(batch, self.options.max_micro_batches))
+                           if batch % b == 0]
+        if self.options.micro_batches:
+            if batch % self.options.micro_batches:
+                raise UserError(f"--micro-batches {self.options.micro_batches} does not divide "
+                                f"the batch size {batch}")
+            self.candidates = [self.options.micro_batches]
+        self.reference = self.candidates[len(self.candidates) // 2]
+        self.layers = LayerModules(self.module, self.split, self.layer_of, self.num_layers,
+                                   self.reference)
+        self.hashes = [self.layers.layers[k][1] for k in range(self.num_layers)]
+        self.distinct = sorted(set(self.hashes))
+        self.first_of = {h: self.hashes.index(h) for h in self.distinct}
+        self.lap("layer modules")
+
+    def mesh_configs(self) -> None:
+        """Submesh shapes and the logical meshes of each (Megatron's grid only, if forced)."""
+        cluster = self.cluster
+        self.submeshes = submesh_shapes(cluster.nodes, cluster.devices_per_node)
+        shapes = [logical_shapes(sm) for sm in self.submeshes]
+        strategy = self.options.strategy
+        if strategy.startswith("megatron"):
+            dp, tp, pp = parse_megatron(strategy, cluster.num_devices)
+            self.forced = (dp, tp, pp)
+            shapes = [[g] if (g := grid_shape(sm, dp, tp)) else [] for sm in self.submeshes]
+            if self.num_layers % pp:
+                raise UserError(f"strategy {strategy}: {self.num_layers} layers do not split "
+                                f"into {pp} equal stages (--layers sets the number)")
+        self.configs = [[MeshConfig(tuple(shape), False) for shape in cs] for cs in shapes]
+
+    def tasks(self, keys, layers: LayerModules, hint=None) -> list[LayerTask]:
+        out = []
+        for h, m, c in keys:
+            stage = layers.layers[self.first_of[h]][0]
+            config = self.configs[m][c]
+            mesh = LogicalMesh(config.shape, tuple(range(self.submeshes[m][0]
+                                                         * self.submeshes[m][1])))
+            out.append(LayerTask(stage, mesh, self.cluster, self.options.layer_time_limit,
+                                 hint[(h, m, c)] if hint else None,
+                                 stage_rule(stage, layers.graph, mesh, self.forced is not None,
+                                            config.lean)))
+        return out
+
+    def solve(self, keys, layers: LayerModules, what: str, hint=None) -> list:
+        tasks = self.tasks(keys, layers, hint)
+        done = iter(range(1, len(tasks) + 1))
+        self.progress(f"layer ILPs ({what})", 0, len(tasks))
+        return solve_all(tasks, self.options.jobs or None,
+                         lambda: self.progress(f"layer ILPs ({what})", next(done), len(tasks)))
+
+    def progress(self, what: str, done: int, total: int) -> None:
+        if self.on_progress:
+            self.on_progress(what, done, total)
+
+    def price_layers(self) -> None:
+        """Every distinct layer on every mesh config: at the reference microbatch count, its
+        memory-lean variants where needed, and the same shardings at a second count."""
+        self.keys = [(h, m, c) for h in self.distinct for m in range(len(self.submeshes))
+                     for c in range(len(self.configs[m]))]
+        self.record(self.keys, self.solve(self.keys, self.layers, f"{len(self.distinct)} "
+                                          f"distinct layers, B={self.reference}"))
+        self.lap("layer ILPs")
+        if not self.forced:
+            added = self.lean_variants()
+            self.record(added, self.solve(added, self.layers, "memory-lean variants"))
+            self.keys += added
+            self.lap("memory-lean layer ILPs")
+        self.price_second_point()
+
+    def record(self, keys, results) -> None:
+        self.solved.update({k: r[0] for k, r in zip(keys, results)})
+        self.chosen.update({k: r[1] for k, r in zip(keys, results)})
+
+    def lean_variants(self) -> list:
+        """Lean configs where even a fair share of the model would not fit: the layers'
+        static bytes times the config's share of the cluster, plus one microbatch's
+        activations at the smallest microbatch."""
+        added = []
+        for m, (nodes, per_node) in enumerate(self.submeshes):
+            share = nodes * per_node / self.cluster.num_devices
+            for c in range(len(self.configs[m])):
+                solved = [self.solved[(h, m, c)] for h in self.hashes]
+                fair = sum(s.static_bytes * share + s.activation_bytes * self.reference
+                           / max(self.candidates) for s in solved) \
+                    + max(s.transient_bytes for s in solved)
+                if fair > self.budget and nodes * per_node > 1:
+                    self.configs[m].append(MeshConfig(self.configs[m][c].shape, True))
+                    added += [(h, m, len(self.configs[m]) - 1) for h in self.distinct]
+        return added
+
+    def price_second_point(self) -> None:
+        """The same shardings at a second microbatch count: what does and does not scale."""
+        candidates = self.candidates
+        self.second = max(candidates) if max(candidates) != self.reference else min(candidates)
+        if self.second != self.reference:
+            layers = LayerModules(self.module, self.split, self.layer_of, self.num_layers,
+                                  self.second, only=sorted(self.first_of.values()))
+            self.lap("layer modules")
+            results = self.solve(self.keys, layers, f"same shardings at B={self.second}",
+                                 self.chosen)
+            self.again = {k: r[0] for k, r in zip(self.keys, results)}
+            self.lap("second-point layer ILPs")
+
+    def figures(self) -> dict:
+        """What the pricing did, and where the time goes (filled in until the end)."""
+        return {"layers": self.num_layers, "distinct_layers": len(self.distinct),
+                "layer_ilps": len(self.keys) * (2 if self.again else 1),
+                "reference_micro_batches": self.reference, "seconds": self.seconds}
+
+    def stage_dp(self) -> StagePlan:
+        """The stage DP over the priced layers (pinned ranges when given or forced)."""
+        ranges: dict[tuple[int, int, int], RangeCosts] = {}  # (m, c, B) -> every range
+
+        def stage_cost(first, last, m, c, B):
+            if (m, c, B) not in ranges:
+                ranges[(m, c, B)] = RangeCosts([
+                    LayerCost.fit(self.reference, self.solved[key], self.second,
+                                  self.again.get(key, self.solved[key]), B)
+                    for key in ((h, m, c) for h in self.hashes)])
+            total = ranges[(m, c, B)](first, last)
+            return StageCost(total.t, total.apply, total.held_bytes, total.activation_bytes,
+                             self.budget)
+
+        n = self.num_layers
+        pinned = _parse_ranges(self.options.stages, n) if self.options.stages else None
+        if self.forced:
+            size = n // self.forced[2]
+            pinned = [(k * size, (k + 1) * size - 1) for k in range(self.forced[2])]
+        cluster = self.cluster
+        try:
+            plan = stage_dp(n, self.submeshes, self.configs, cluster.nodes,
+                            cluster.devices_per_node, self.candidates, stage_cost,
+                            fixed_stages=pinned)
+        except NoFeasiblePlan as e:
+            need = f"{e.min_memory:,.0f} bytes" if e.min_memory is not None else "more"
+            raise UserError(f"the model does not fit on cluster '{cluster.name}': the smallest "
+                            f"memory per device alpac can reach is {need}, the budget is "
+                            f"{self.budget:,.0f} bytes") from None
+        self.lap("stage DP")
+        return plan
+
+    def build(self, plan: StagePlan) -> StageAssignment:
+        """The chosen stages' modules, meshes, hints from their layers' ILPs and filters."""
+        B = plan.num_micro_batches
+        configs = [self.configs[st.submesh][st.config] for st in plan.stages]
+        meshes = [LogicalMesh(cfg.shape, tuple(st.devices))
+                  for st, cfg in zip(plan.stages, configs)]
+        stage_of_layer = [next(s for s, st in enumerate(plan.stages)
+                               if st.first_layer <= layer <= st.last_layer)
+                          for layer in range(self.num_layers)]
+        graph = self.layers.graph if B == self.reference else pl.step_graph(
+            self.split.microbatch(B), {x.name for x in self.split.forward}, self.layer_of,
+            self.module.input_output_alias)
+        where, placed = pl.assign_stages(graph, stage_of_layer)
+        modules = pl.stage_modules(graph, where, placed, len(meshes), B)
+        stages = tuple(
+            Stage(s, mesh, sm.module, (st.first_layer, st.last_layer),
+                  self.submeshes[st.submesh], pipeline_stage=sm, hints=self.hints(st),
+                  rule=stage_rule(sm, graph, mesh, self.forced is not None, cfg.lean),
+                  weights_stored_split=cfg.lean)
+            for s, (st, mesh, sm, cfg) in enumerate(zip(plan.stages, meshes, modules, configs)))
+        self.lap("stage modules")
+        summary = {"layers": self.num_layers, "objective_s": plan.objective,
+                   "bubble_fraction": plan.bubble_fraction,
+                   "stage_times_s": list(plan.stage_times),
+                   "dp": {"calls": plan.stats.calls, "thresholds": plan.stats.thresholds}}
+        return StageAssignment(stages, B, (graph, modules), summary,
+                               self.options.strategy if self.forced else None)
+
+    def hints(self, st) -> dict[str, object]:
+        """Per instruction of the stage, the sharding its layer's ILP chose (None where two
+        layers of the stage disagree: it stays free)."""
+        hints: dict[str, object] = {}
+        for layer in range(st.first_layer, st.last_layer + 1):
+            names = [x.name for x in self.layers.layers[layer][0].module.entry.instructions]
+            shards = self.chosen[(self.hashes[layer], st.submesh, st.config)]
+            for name, sharding in zip(names, shards):
+                if sharding is not None:
+                    hints[name] = sharding if hints.get(name, sharding) == sharding else None
+        return hints
+
+
+def _powers_of_two(limit: int) -> list[int]:
+    out, b = [], 1
+    while b <= limit:
+        out.append(b)
+        b *= 2
+    return out
+
+
+def _parse_ranges(text: str, num_layers: int) -> list[tuple[int, int]]:
+    """`0-3,4-7` -> [(0, 3), (4, 7)], covering every layer in order."""
+    ranges = []
+    try:
+        for part in text.split(","):
+            first, _, last = part.partition("-")
+            ranges.append((int(first), int(last or first)))
+    except ValueError:
+        raise UserError(f"--stages '{text}' should look like 0-3,4-7 (layer ranges)") from None
+    expected = 0
+    for first, last in ranges:
+        if first != expected or last < first:
+            raise UserError(f"--stages '{text}' must cover layers 0..{num_layers - 1} in order "
+                            f"without gaps")
+        expected = last + 1
+    if expected != num_layers:
+        raise UserError(f"--stages '{text}' covers layers 0..{expected - 1}; the model has "
+                        f"{num_layers} layers (--layers sets the number)")
+    return ranges

@@ -1,0 +1,115 @@
+"""The plan's files and entries from the sharded stages: one sharded HLO module per stage
+(cut into its role modules when pipelined), the ILP's decisions, the program alpa-run runs,
+and the estimates."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from alpac.hlo import Module, print_module
+from alpac.interop.pipeline import assemble, role_modules
+from alpac.interop.pricing import pipelined_peak
+from alpac.interop.stage import ShardedStage, ShardedStages
+from alpac.plan.program import single_stage_program
+from alpac.plan.schedule import bubble_share, step_seconds
+
+
+@dataclass(frozen=True)
+class EmittedPlan:
+    """What goes into the plan directory: files by plan-relative path, and plan.json's
+    `num_micro_batches`, `stages`, `program` and `estimate`."""
+
+    files: dict[str, str]
+    entries: dict
+    solve_seconds: tuple[dict, ...]  # per stage: run-dependent, for compile-stats.json
+
+    def plan_entries(self) -> dict:
+        return self.entries
+
+
+def emit_plan(source: Module, sharded: ShardedStages) -> EmittedPlan:
+    files: dict[str, str] = {}
+    stages = [_stage_entry(s, files) for s in sharded.stages]
+    entries = {"num_micro_batches": sharded.assignment.micro_batches, "stages": stages}
+    files["source.hlo"] = print_module(source)  # what --check runs
+    first = sharded.stages[0]
+    if first.stage.pipeline_stage is None:
+        program = single_stage_program(source, first.sharding.module, first.stage.mesh,
+                                       stages[0]["module"])
+        entries["program"] = program.to_dict()
+        entries["estimate"] = {
+            "iteration_time_s": sum(e["estimate"]["time_s"] for e in stages),
+            "peak_memory_bytes": max(e["estimate"]["peak_memory_bytes"] for e in stages),
+        }
+    else:
+        entries.update(_pipelined(source, sharded, stages, files))
+    solves = tuple({"index": s.stage.index, "ilp_solve_time_s": s.sharding.solution.solve_time}
+                   for s in sharded.stages)
+    return EmittedPlan(files, entries, solves)
+
+
+def _stage_entry(done: ShardedStage, files: dict[str, str]) -> dict:
+    """A stage's sharded module and decisions (into `files`) and its plan.json entry."""
+    stage, result = done.stage, done.sharding
+    module_file = f"stage{stage.index}.hlo"
+    decisions_file = f"stage{stage.index}.decisions.json"
+    files[module_file] = print_module(result.module)
+    files[decisions_file] = json.dumps(result.decisions(), indent=1, sort_keys=True) + "\n"
+    sol = result.solution
+    comm = result.communication_seconds()
+    return {
+        "index": stage.index,
+        "layers": list(stage.layers) if stage.layers else None,
+        "mesh": {"devices": list(stage.mesh.devices),
+                 "logical_shape": list(stage.mesh.shape),
+                 "physical_shape": list(stage.physical_shape or ())},
+        "module": module_file,
+        "decisions": decisions_file,
+        "weights_stored_split": stage.weights_stored_split,
+        "ilp": {"objective_s": sol.objective, "gap": sol.gap, "status": sol.status,
+                "graph_before_reduction": sol.size_before,
+                "graph_after_reduction": sol.size_after,
+                "rounds": [list(r) for r in result.rounds],
+                "memory_budget_bytes": result.budget},
+        "collectives": result.collective_summary(),
+        "estimate": {"time_s": sol.objective, "communication_s": comm,
+                     "compute_s": max(sol.objective - comm, 0.0),
+                     "peak_memory_bytes": sol.peak_memory},
+    }
+
+
+def _pipelined(source: Module, sharded: ShardedStages, entries: list[dict],
+               files: dict[str, str]) -> dict:
+    """Role modules of every stage, the program, and the pipeline's estimates."""
+    graph, modules = sharded.assignment.pipeline
+    B = sharded.assignment.micro_batches
+    roles = []
+    for done, entry in zip(sharded.stages, entries):
+        mine = role_modules(done.stage.pipeline_stage, done.sharding.module)
+        roles += mine
+        entry["modules"] = {rm.role: f"stage{done.stage.index}.{rm.role}.hlo" for rm in mine}
+    program, role_files = assemble(graph, modules, roles,
+                                   [s.stage.mesh for s in sharded.stages],
+                                   source, B)
+    files.update(role_files)
+    S = len(sharded.stages)
+    times, applies, peaks = [], [], []
+    for s, (done, entry) in enumerate(zip(sharded.stages, entries)):
+        figures, in_flight, peak = pipelined_peak(done.stage.pipeline_stage, done.sharding,
+                                                  S, s, B)
+        entry["estimate"].update({
+            "time_per_microbatch_s": figures.t, "apply_s": figures.apply,
+            "static_bytes": figures.static_bytes,
+            "transient_bytes": figures.transient_bytes,
+            "activation_bytes_per_microbatch": figures.activation_bytes,
+            "microbatches_in_flight": in_flight, "peak_memory_bytes": peak})
+        times.append(figures.t)
+        applies.append(figures.apply)
+        peaks.append(peak)
+    return {"program": program.to_dict(), "estimate": {
+        "iteration_time_s": step_seconds(sum(times), max(times), max(applies), B),
+        "bubble_fraction": bubble_share(sum(times), max(times), S, B),
+        "peak_memory_bytes": max(peaks),
+        "bytes_between_meshes": program.transfer_bytes(),
+    }}

@@ -1,0 +1,232 @@
+"""What a pipeline stage costs, for the stage DP: per layer and logical mesh, the sharding ILP
+on that layer's share of the step.
+
+A layer's share is its forward and backward (run once per microbatch, with its gradient
+accumulation) and the update of the parameters it owns (run once per step), cut out of the
+microbatched step exactly as a one-layer stage would be. Its ILP gives:
+
+  t        seconds per microbatch (forward + backward + accumulation)
+  apply    seconds per step (the update)
+  static   bytes per device kept all step (weights, optimizer state, accumulators)
+  transient   bytes per device of the largest temporary
+  activation  bytes per device one microbatch keeps from its forward to its backward
+
+A stage of layers i..j costs the sum over its layers (its temporaries: the largest of
+theirs, one layer runs at a time) plus sending its boundary activation and gradient to the
+next stage. Layers whose share is the same program up to names (the blocks of a
+transformer) are solved once per logical mesh. The ILP runs at two microbatch
+counts; other counts are interpolated as a + b/B (exact while the shardings stay the same:
+per-example work scales with the microbatch, weight-sized work does not).
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from multiprocessing import get_context
+from typing import NamedTuple
+
+import numpy as np
+
+from alpac.hlo.transforms import canonical_hash, canonical_order
+from alpac.interop import pipeline as pl
+from alpac.intraop.autoshard import auto_shard
+from alpac.intraop.rules import both, keep_to
+from alpac.plan.mesh import LogicalMesh
+from alpac.plan.program import Role
+from alpac.plan.schedule import microbatches_in_flight
+
+
+class LayerTask(NamedTuple):
+    """One layer ILP: a layer's module on a logical mesh (see `layer_cost`)."""
+
+    stage: "pl.StageModule"
+    mesh: LogicalMesh
+    cluster: object
+    time_limit: float
+    hint: list | None = None
+    rule: object = None
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    t: float
+    apply: float
+    static_bytes: float
+    activation_bytes: float
+    transient_bytes: float
+
+    @property
+    def held_bytes(self) -> float:
+        """Bytes per device before any microbatch's activations: static and a temporary."""
+        return self.static_bytes + self.transient_bytes
+
+    @staticmethod
+    def fit(b1: int, c1: "LayerCost", b2: int, c2: "LayerCost", B: int) -> "LayerCost":
+        """Per-microbatch time and activations at B microbatches, from the same shardings at
+        b1 and b2, as a + b/B (the part that shrinks with the microbatch, and the part that
+        does not)."""
+        if b1 == b2:
+            return LayerCost(c1.t * b1 / B, c1.apply, c1.static_bytes,
+                             c1.activation_bytes * b1 / B, c1.transient_bytes)
+
+        def at(y1, y2):
+            slope = max((y1 - y2) / (1 / b1 - 1 / b2), 0.0)
+            return max(y1 - slope / b1, 0.0) + slope / B
+
+        return LayerCost(at(c1.t, c2.t), c1.apply, c1.static_bytes,
+                         at(c1.activation_bytes, c2.activation_bytes),
+                         max(c1.transient_bytes, c2.transient_bytes))
+
+    def __add__(self, other: "LayerCost") -> "LayerCost":
+        return LayerCost(self.t + other.t, self.apply + other.apply,
+                         self.static_bytes + other.static_bytes,
+                         self.activation_bytes + other.activation_bytes,
+                         max(self.transient_bytes, other.transient_bytes))
+
+
+class RangeCosts:
+    """The LayerCost of every layer range first..last (summed, temporaries the largest) of one
+    mesh config at one B, tabulated at once: the stage DP asks for up to L²/2 ranges per
+    config and B, and a Python sum per range made it cubic in L."""
+
+    def __init__(self, layers: list[LayerCost]):
+        fields = np.array([[c.t, c.apply, c.static_bytes, c.activation_bytes,
+                            c.transient_bytes] for c in layers], dtype=np.float64)
+        n = len(layers)
+        self.table = np.zeros((n, n, 5))
+        for first in range(n):  # cumsum adds left to right, as summing the layers would
+            self.table[first, first:, :4] = np.cumsum(fields[first:, :4], axis=0)
+            self.table[first, first:, 4] = np.maximum.accumulate(fields[first:, 4])
+
+    def __call__(self, first: int, last: int) -> LayerCost:
+        return LayerCost(*(float(x) for x in self.table[first, last]))
+
+
+class LayerModules:
+    """Each layer's share of the step (of the layers in `only`), for a given number of
+    microbatches."""
+
+    def __init__(self, module, split, layer_of: dict[str, int], num_layers: int, B: int,
+                 only: list[int] | None = None):
+        self.B = B
+        step = split.microbatch(B)
+        self.graph = pl.step_graph(step, {x.name for x in split.forward}, layer_of,
+                                   module.input_output_alias)
+        # every layer a stage of its own: each module is then exactly what that layer holds
+        # in any stage (the first one with the prologue), for one pass over the graph
+        where, placed = pl.assign_stages(self.graph, list(range(num_layers)))
+        wanted = list(range(num_layers)) if only is None else only
+        self.layers: dict[int, tuple[pl.StageModule, str]] = {}
+        for layer, stage in zip(wanted, pl.stage_modules(self.graph, where, placed, num_layers,
+                                                         B, only=wanted)):
+            canonical_order(stage.module.entry)
+            self.layers[layer] = (stage, canonical_hash(stage.module))
+
+
+def layer_cost(stage: "pl.StageModule", mesh: LogicalMesh, cluster, time_limit: float,
+               hint: list | None = None, rule=None) -> tuple[LayerCost, list]:
+    """The layer's figures, and the sharding the ILP chose for each instruction of its module
+    (by position, None where it chose none): a hint for the final ILP of the stage that
+    holds any layer of the same structure. With `hint` (such a list for a module of the same
+    structure), the ILP keeps to it: the same shardings priced at another microbatch size."""
+    allow = both(rule, keep_to(None if hint is None else {
+        x.name: h for x, h in zip(stage.module.entry.instructions, hint) if h is not None}))
+    result = auto_shard(stage.module, mesh, cluster, time_limit=time_limit, gap_limit=0.02,
+                        repeats=stage.repeats, allow=allow, annotate=False)
+    choice = result.solution.choice
+    entry = result.graph.module.entry
+    decided = {i.name: i for i in result.graph.plans if i.parent is entry}
+    chosen = []
+    for instr in stage.module.entry.instructions:
+        twin = decided.get(instr.name)
+        value = result.graph.values.get((twin, ())) if twin is not None else None
+        chosen.append(value.sharding(choice) if value is not None else None)
+    return stage_figures(stage, result), chosen
+
+
+def stage_figures(stage: "pl.StageModule", result) -> LayerCost:
+    """Time per microbatch, update time, static and per-microbatch memory of a sharded stage
+    module."""
+    B = max(stage.repeats.values(), default=1.0)
+    role = stage.role
+    seconds = result.seconds_by(lambda name: role.get(name, "shared"))
+    per_step = sum(v for k, v in seconds.items()
+                   if k in (Role.FORWARD, Role.BACKWARD, "shared"))
+    activation_names = kept_activations(stage)
+    parameters = result.graph.module.entry.parameters
+    per_value = result.bytes_by(lambda name: name)
+    activation = sum(v for k, v in per_value.items() if k in activation_names)
+    # XLA fuses the elementwise chains of the forward, backward and update into loops that
+    # write their results in place, so beyond the parameters and the kept activations a
+    # stage holds about one temporary at a time: the largest value it computes
+    others = {p.name for p in parameters} | activation_names
+    transient = max((v for k, v in per_value.items() if k not in others), default=0.0)
+    params = sum(_param_bytes(result, p) for p in parameters
+                 if stage.scope.get(stage.param_values[p.parameter_number]) == "step")
+    return LayerCost(per_step / B, seconds.get(Role.APPLY, 0.0), params, activation, transient)
+
+
+def pipelined_peak(stage: "pl.StageModule", result, num_stages: int, index: int,
+                   num_micro_batches: int) -> tuple[LayerCost, int, float]:
+    """The stage's figures, the microbatches it holds under 1F1B, and its peak bytes per
+    device: what the stage DP assumed and the plan reports."""
+    figures = stage_figures(stage, result)
+    in_flight = microbatches_in_flight(num_stages, index, num_micro_batches)
+    return figures, in_flight, figures.held_bytes + in_flight * figures.activation_bytes
+
+
+def kept_activations(stage) -> set[str]:
+    """The activations of a stage: forward nodes the backward reads, what a microbatch keeps
+    between the two (the one definition; what layers own is `layers.layer_owned`)."""
+    entry = stage.module.entry
+    users = entry.users()
+    return {x.name for x in entry.instructions if stage.role.get(x.name) == Role.FORWARD
+            and any(stage.role.get(u.name) == Role.BACKWARD for u in users[x])}
+
+
+def _param_bytes(result, param) -> float:
+    value = result.graph.values.get((param, ()))
+    if value is None:
+        return 0.0
+    return value.sharding(result.solution.choice).tile_bytes(
+        value.shape.dims, value.shape.element_bits, tuple(result.graph.mesh.shape))
+
+
+# ---- parallel solves ------------------------------------------------------------------------
+
+_TASKS: list = []  # filled before the pool forks, read by the workers
+
+
+def _solve_task(k: int):
+    return layer_cost(*_TASKS[k])
+
+
+def solve_all(tasks: list[LayerTask], jobs: int | None, on_solved=None) -> list:
+    """layer_cost of every task, on `jobs` processes (forked: the tasks, closures included,
+    are inherited, not pickled); `on_solved()` after each."""
+    global _TASKS
+    jobs = jobs or os.cpu_count() or 1
+    if jobs <= 1 or len(tasks) <= 1:
+        out = []
+        for t in tasks:
+            out.append(layer_cost(*t))
+            if on_solved:
+                on_solved()
+        return out
+    _TASKS = tasks
+    # the biggest first (2-D meshes have several times the strategies), so that no worker
+    # is left with a long solve while the others idle
+    order = sorted(range(len(tasks)), key=lambda k: -len(tasks[k].stage.module.entry.instructions)
+                   * 4 ** sum(1 for n in tasks[k].mesh.shape if n > 1))
+    out = [None] * len(tasks)
+    try:
+        with ProcessPoolExecutor(jobs, mp_context=get_context("fork")) as pool:
+            for k, result in zip(order, pool.map(_solve_task, order)):
+                out[k] = result
+                if on_solved:
+                    on_solved()
+        return out
+    finally:
+        _TASKS = []

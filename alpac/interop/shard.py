@@ -1,0 +1,92 @@
+"""The final sharding ILP of every stage, on its logical mesh, within the memory budget."""
+
+from __future__ import annotations
+
+from itertools import combinations
+
+from alpac.errors import UserError
+from alpac.hlo.transforms import canonical_hash, canonical_order
+from alpac.interop.pricing import pipelined_peak
+from alpac.interop.stage import ShardedStage, ShardedStages, Stage, StageAssignment
+from alpac.intraop.autoshard import auto_shard
+from alpac.intraop.ilp import Infeasible
+from alpac.intraop.rules import both, keep_to
+
+
+def shard_stages(assignment: StageAssignment, cluster, budget: float, time_limit: float,
+                 gap: float, progress=None) -> ShardedStages:
+    """Solve each stage's ILP; pipeline stages of one structure on like meshes share their
+    solutions (their ILPs are one ILP)."""
+    known: dict[tuple, dict] = {}  # stage structure -> its solutions (see shard_within)
+    sharded, peaks = [], []
+    for stage in assignment.stages:
+        if progress:
+            progress(f"stage ILPs (stage {stage.index} on {stage.mesh})", stage.index,
+                     len(assignment.stages))
+        repeats = stage.pipeline_stage.repeats if stage.pipeline_stage else None
+        rule = both(stage.rule, keep_to(stage.hints))
+        same = None
+        if stage.pipeline_stage:
+            # instructions in canonical order, so that a solution reused between stages of
+            # one structure matches them by position
+            canonical_order(stage.module.entry)
+            same = known.setdefault(_structure(stage, cluster), {})
+        peak = peak_of(stage, len(assignment.stages), assignment.micro_batches)
+        result = shard_within(stage.module, stage.mesh, cluster, budget, time_limit, gap,
+                              repeats, rule, peak, same)
+        sharded.append(ShardedStage(stage, result, rule))
+        peaks.append(judged_peak(peak, result))
+    return ShardedStages(assignment, tuple(sharded), budget, tuple(peaks))
+
+
+def _structure(stage: Stage, cluster) -> tuple:
+    """What a stage's ILP depends on, up to names: its program, the shape of its mesh and
+    which axes cross nodes, and per instruction the hint and executions per step."""
+    entry = stage.module.entry
+    hints, repeats = stage.hints or {}, stage.pipeline_stage.repeats
+    axes = range(len(stage.mesh.shape))
+    return (canonical_hash(stage.module), tuple(stage.mesh.shape),
+            tuple(stage.mesh.axis_crosses_nodes(group, cluster)
+                  for k in range(1, len(axes) + 1) for group in combinations(axes, k)),
+            tuple((str(hints.get(x.name)), repeats.get(x.name)) for x in entry.instructions),
+            stage.weights_stored_split)
+
+
+def peak_of(stage: Stage, num_stages: int, num_micro_batches: int):
+    """How a stage's peak memory is judged: a pipeline stage's as the stage DP priced it
+    (parameters, one temporary, the activations of its microbatches in flight), a whole
+    program's by the ILP's own liveness schedule (None)."""
+    if stage.pipeline_stage is None:
+        return None
+    return lambda result: pipelined_peak(stage.pipeline_stage, result, num_stages,
+                                         stage.index, num_micro_batches)[2]
+
+
+def judged_peak(peak, result) -> float:
+    return peak(result) if peak else result.solution.peak_memory
+
+
+def shard_within(module, mesh, cluster, budget: float, time_limit: float, gap: float,
+                 repeats=None, allow=None, peak=None, known: dict | None = None):
+    """Solve without the memory constraint (its reductions are stronger); only when that plan
+    does not fit (by `peak(result)`, default the ILP's liveness peak), solve again under the
+    budget. `known` holds the solutions (without, with the budget) of a module of the same
+    structure, reused and filled in."""
+    known = {} if known is None else known
+    result = auto_shard(module, mesh, cluster, time_limit=time_limit, gap_limit=gap,
+                        repeats=repeats, allow=allow, reuse=known.get("free"))
+    known.setdefault("free", result.solution)
+    if judged_peak(peak, result) <= budget:
+        result.budget = budget
+        return result
+    try:
+        result = auto_shard(module, mesh, cluster, budget=budget, time_limit=time_limit,
+                            gap_limit=gap, repeats=repeats, allow=allow,
+                            reuse=known.get("budget"))
+        known.setdefault("budget", result.solution)
+    except Infeasible as e:
+        raise UserError(f"the program does not fit in {budget:,.0f} bytes per device on mesh "
+                        f"{mesh}: the smallest per-device peak alpac can reach is "
+                        f"{e.min_peak:,.0f} bytes") from None
+    result.budget = budget
+    return result

@@ -22,7 +22,10 @@ demo: $(STAMP)
 	$(VENV)/bin/alpac inspect $(DEMO_MODEL)
 	$(VENV)/bin/alpac compile $(DEMO_MODEL) -o demo-plan --timings
 	$(VENV)/bin/alpac explain demo-plan --limit 10
-	$(VENV)/bin/alpa-run demo-plan --check --iters 3 --report demo-plan.report.json -- np 8
+	$(VENV)/bin/alpa-run demo-plan --check --iters 3 --report demo-plan.report.json \
+		--trace demo-plan.trace.json -- np 8
+	$(VENV)/bin/alpac explain demo-plan --against demo-plan.report.json \
+		--trace demo-plan.predicted.json
 
 bench: $(STAMP)
 	for f in benchmarks/bench_*.py; do $(PY) $$f || exit 1; done

@@ -1,4 +1,4 @@
-"""The `alpac` command: inspect, passes, compile, explain.
+"""The `alpac` command: inspect, passes, compile, explain, calibrate.
 
 Bad input ends with one line on stderr and exit code 2; a failed check or pass with exit 1;
 `--debug` shows the traceback instead.
@@ -127,6 +127,11 @@ def list_passes() -> None:
               "all cores).")
 @click.option("--strategy", help="A fixed strategy priced by the same model: data-parallel, "
               "zero2, zero3 or megatron:dp=..,tp=..,pp=..")
+@click.option("--remat", type=click.Choice(["auto", "none", "selective", "full"]),
+              help="Recomputation of activations in the backward of pipeline stages: auto "
+              "(default: the stage DP chooses per stage where memory needs it), or none, "
+              "selective (recompute the cheap instructions between dots) or full (keep only each "
+              "layer's output) for every layer.")
 @click.option("--zero", type=click.Choice(["auto", "2", "3"]), default="auto", show_default=True,
               help="Weight-update sharding after the ILP (reduce-scatter + all-gather): auto "
               "splits the optimizer state of each chain where that is no slower, 2 of every "
@@ -137,8 +142,8 @@ def compile(model: Path, cluster_path: Path | None, out_dir: Path, passes_spec: 
             skip_pass: tuple[str, ...], dump_after: tuple[str, ...], timings: bool,
             mesh: str | None, memory_budget: str | None, time_limit: float | None,
             batch_args: str | None, micro_batches: int | None, layers: int | None,
-            stages_spec: str | None, jobs: int | None, strategy: str | None, zero: str,
-            no_reduce_scatter: bool) -> None:
+            stages_spec: str | None, jobs: int | None, strategy: str | None,
+            remat: str | None, zero: str, no_reduce_scatter: bool) -> None:
     """Compile MODEL into a plan directory."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, \
         TimeElapsedColumn
@@ -152,7 +157,8 @@ def compile(model: Path, cluster_path: Path | None, out_dir: Path, passes_spec: 
     if batch_args:
         options["batch-analysis"]["batch_args"] = batch_args
     for key, value in (("micro_batches", micro_batches), ("layers", layers),
-                       ("stages", stages_spec), ("jobs", jobs), ("strategy", strategy)):
+                       ("stages", stages_spec), ("jobs", jobs), ("strategy", strategy),
+                       ("remat", remat)):
         if value is not None:
             options["stage-construction"][key] = str(value)
     options["reduce-scatter"] = {"zero": zero}
@@ -205,12 +211,20 @@ def compile(model: Path, cluster_path: Path | None, out_dir: Path, passes_spec: 
 @click.option("--verify", is_flag=True, help="Compile every stage with XLA on virtual CPU "
               "devices and compare the collectives XLA inserted with the prediction "
               "(exit 1 if they differ).")
+@click.option("--trace", "trace_path", type=click.Path(path_type=Path), help="Write the "
+              "predicted schedule as a Chrome trace-event file (ui.perfetto.dev, "
+              "chrome://tracing) and print only that.")
+@click.option("--against", "report_path", type=click.Path(path_type=Path), help="Compare the "
+              "estimates with this plan's `alpa-run --report` file and print only that.")
 def explain(plan_dir: Path, as_json: bool, pattern: str | None, limit: int,
-            verify: bool) -> None:
+            verify: bool, trace_path: Path | None, report_path: Path | None) -> None:
     """Show what the plan in PLAN_DIR decided and what it should cost."""
     from alpac.plan import explain as ex
 
     plan = ex.load(plan_dir)
+    if trace_path or report_path:
+        _predicted_and_measured(plan, plan_dir, trace_path, report_path)
+        return
     if as_json:
         click.echo(json.dumps(plan, indent=1, sort_keys=True))
         return
@@ -222,15 +236,75 @@ def explain(plan_dir: Path, as_json: bool, pattern: str | None, limit: int,
         raise CheckFailed("XLA's collectives differ from the plan's prediction (see above)")
 
 
+def _predicted_and_measured(plan: dict, plan_dir: Path, trace_path: Path | None,
+                            report_path: Path | None) -> None:
+    """`explain --against` and `--trace`: the estimates beside a run, the predicted timeline."""
+    from alpac.plan import against
+    from alpac.plan.trace import predicted_trace, write_trace
+    from alpac.units import duration
+    console = Console(highlight=False)
+    if report_path:
+        report = against.load_report(report_path, plan)
+        against.render(against.compare(plan, report), report, console)
+    if trace_path:
+        trace, iteration = predicted_trace(plan, f"alpac explain {plan_dir} (predicted)")
+        write_trace(trace, trace_path)
+        console.print(f"predicted timeline written to {trace_path} (open it in ui.perfetto.dev "
+                      f"or chrome://tracing): iteration {duration(iteration)} with transfers "
+                      f"between meshes, {duration(plan['estimate']['iteration_time_s'])} by "
+                      f"the plan's formula", soft_wrap=True)
+
+
 def _recorded_spec(plan: dict) -> str:
     """The `--passes` string of the pipeline plan.json records (its passes and options)."""
     from alpac.passes.manager import available_passes, pipeline_spec
 
-    registry = available_passes()
+    if "spec" in plan["compiler"]:
+        return plan["compiler"]["spec"]
+    registry = available_passes()  # a plan written before plan.json recorded the spec
     recorded = plan["compiler"]["passes"]
     if any(p["name"] not in registry for p in recorded):
         return ",".join(p["name"] for p in recorded)  # made with a plug-in not installed here
     return pipeline_spec([registry[p["name"]](**p["options"]) for p in recorded])
+
+
+@main.command()
+@click.option("-o", "--output", type=click.Path(path_type=Path),
+              help="cluster.yaml to write (replaced atomically).")
+@click.option("--check", "check_path", type=click.Path(path_type=Path),
+              help="Measure a few rows of each table of this calibrated file again and report "
+              "the drift (measured / recorded) per table; exit 1 past --tolerance.")
+@click.option("--tolerance", default=0.5, show_default=True, type=click.FloatRange(min=0),
+              help="Drift --check allows either way (0.5: from 1/1.5 to 1.5 times).")
+@click.option("--quick", is_flag=True, help="A few sizes of each table (for tests: < 1 min).")
+@click.option("--devices-per-rank", type=click.IntRange(min=1), help="Devices each rank drives, "
+              "as in alpa-run (default 1; with --check, the file's devices_per_node).")
+@click.option("--name", help="The cluster's name (default local-<platform>-calibrated).")
+@click.option("--mpiexec", type=click.Path(path_type=Path),
+              help="mpiexec to use (default: the one of the mpich package).")
+@click.option("--timeout", default=300.0, show_default=True, type=click.FloatRange(min=0.1),
+              help="Seconds any rank waits for another before giving up.")
+@click.option("--platform", type=click.Choice(("auto", "cpu", "gpu")), default="auto",
+              show_default=True, help="Devices to measure.")
+@click.argument("mpi_args", nargs=-1, type=click.UNPROCESSED)
+@click.pass_context
+def calibrate(ctx: click.Context, output: Path | None, check_path: Path | None,
+              tolerance: float, quick: bool, devices_per_rank: int | None, name: str | None,
+              mpiexec: Path | None, timeout: float, platform: str,
+              mpi_args: tuple[str, ...]) -> None:
+    """Measure this machine's devices and links into a cluster file, launched like alpa-run:
+    alpac calibrate [--devices-per-rank K] -o cluster.yaml -- np N."""
+    import subprocess
+    if (output is None) == (check_path is None):
+        raise UserError("give either -o FILE (measure and write) or --check FILE (compare)")
+    options = {"output": str(output) if output else None,
+               "check": str(check_path) if check_path else None, "tolerance": tolerance,
+               "quick": quick, "devices_per_rank": devices_per_rank, "name": name,
+               "mpiexec": str(mpiexec) if mpiexec else None, "timeout": timeout,
+               "platform": platform, "debug": bool(ctx.obj and ctx.obj.get("debug"))}
+    # the runtime measures, in a process of its own: the compiler never imports it
+    sys.exit(subprocess.call([sys.executable, "-m", "alpac.runtime.calibrate",
+                              json.dumps(options), *mpi_args]))
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ from pathlib import Path
 from alpac import __version__
 from alpac.errors import UserError
 from alpac.interop.emit import EmittedPlan
-from alpac.passes.manager import CompileContext, Pass, PassManager, available_passes, parse_pipeline
+from alpac.passes.manager import CompileContext, Pass, PassManager, available_passes, \
+    parse_pipeline, pipeline_spec
 from alpac.plan.io import write_plan_dir
 from alpac.xla.loader import module_hash
 
@@ -59,7 +60,8 @@ def compile_model(model_path: str | Path, cluster, pipeline: list[Pass], out_dir
     PassManager(pipeline, dump_after, dump_dir, on_start, on_end).run(ctx)
     plan = {
         "compiler": {"name": "alpac", "version": __version__,
-                     "passes": [_describe(p) for p in pipeline]},
+                     "passes": [_describe(p) for p in pipeline],
+                     "spec": pipeline_spec(pipeline)},  # `--passes` that reproduces it
         "source": {"file": Path(model_path).name, "sha256": module_hash(model_path),
                    "module": ctx.module.name if ctx.module else None},
         "cluster": cluster.to_dict(),

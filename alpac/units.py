@@ -9,3 +9,12 @@ def si(x: float) -> str:
         if abs(x) >= scale:
             return f"{x / scale:.3g} {unit}"
     return f"{x:.3g} "
+
+
+def duration(seconds: float) -> str:
+    """0.0123 -> '12.3 ms'."""
+    if seconds >= 1:
+        return f"{seconds:.3g} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.3g} ms"
+    return f"{seconds * 1e6:.3g} µs"

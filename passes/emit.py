@@ -19,6 +19,8 @@ class EmitPass(Pass):
     provides = (EmittedPlan,)
 
     def run(self, ctx: CompileContext) -> None:
-        emitted = emit_plan(ctx.get(Module), ctx.get(ShardedStages))
+        calibration = ctx.cluster.calibration
+        emitted = emit_plan(ctx.get(Module), ctx.get(ShardedStages),
+                            calibration.launch_s if calibration else 0.0)
         ctx.put(emitted)
         ctx.stats["stages"] = list(emitted.solve_seconds)

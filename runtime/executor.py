@@ -34,6 +34,10 @@ class StepStats:
     bytes: dict[tuple[int, int], int] = field(default_factory=dict)
     carry_bytes: int = 0
     peak_live: dict[int, int] = field(default_factory=dict)  # mesh -> microbatches
+    # (kind, ref, start, end): kind "run" (ref: task index), "send", "recv" or "wait" (ref:
+    # transfer id; a wait is a receive's time until its data came in, the receive the rest);
+    # seconds from the step's start. Tuples, so keeping them costs nothing measurable.
+    events: list[tuple[str, int, float, float]] = field(default_factory=list)
 
 
 class Executor:
@@ -113,15 +117,19 @@ class Executor:
         t0 = time.perf_counter()
         for task in self.stream:
             for tid in task.recv_before:
-                self._store(self.tl.transfers[tid].dst_key, self.mover.receive(self.moves[tid]))
+                self._store(self.tl.transfers[tid].dst_key, self._receive(tid, t0, stats))
             if task.kind == "run":
-                stats.busy[task.mesh] += self._run(task)
+                start, end = self._run(task)
+                stats.busy[task.mesh] += end - start
+                stats.events.append(("run", task.index, start - t0, end - t0))
             elif task.kind == "feed":
                 self._feed(task, host_inputs, carried)
             else:
                 self._zero(task)
             for tid in task.send_after:
+                start = time.perf_counter()
                 self.mover.send(self.moves[tid], self.slots[self.tl.transfers[tid].src_key])
+                stats.events.append(("send", tid, start - t0, time.perf_counter() - t0))
             if collect:
                 for pos, key in task.collect_after:
                     self._collect(pos, key)
@@ -138,6 +146,16 @@ class Executor:
         stats.bytes = dict(self.mover.bytes)
         stats.transfer_seconds = self.mover.seconds
         return stats
+
+    def _receive(self, tid: int, t0: float, stats: StepStats):
+        start = time.perf_counter()
+        array = self.mover.receive(self.moves[tid])
+        end = time.perf_counter()
+        if self.mover.arrived is not None:
+            stats.events.append(("wait", tid, start - t0, self.mover.arrived - t0))
+            start = self.mover.arrived
+        stats.events.append(("recv", tid, start - t0, end - t0))
+        return array
 
     def _feed(self, task: Task, host_inputs, carried) -> None:
         import jax
@@ -168,7 +186,8 @@ class Executor:
             tuple(v.shape), self.mover.sharding(task.sharding, task.mesh),
             lambda i: np.array(zeros[i], copy=True)))
 
-    def _run(self, task: Task) -> float:
+    def _run(self, task: Task) -> tuple[float, float]:
+        """Run the task's module: the perf_counter times its execution started and ended."""
         mod = task.module
         exe = self.exes[mod.name]
         expected = self.param_shardings[mod.name]
@@ -200,7 +219,7 @@ class Executor:
                 o.block_until_ready()
         finally:
             self.comm.watchdog.disarm()
-        seconds = time.perf_counter() - t0
+        t1 = time.perf_counter()
         if donated:
             for r in task.reads:
                 if r.param in donated:
@@ -209,7 +228,7 @@ class Executor:
                         self._pop(r.key)
         for (key, _), out in zip(task.writes, outs):
             self._store(key, out)
-        return seconds
+        return t0, t1
 
     def _store(self, key, array) -> None:
         old = self.slots.get(key)

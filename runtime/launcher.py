@@ -50,6 +50,8 @@ SCHEDULES = ("gpipe", "1f1b")
 @click.option("--rtol", default=1e-5, show_default=True,
               help="Tolerance of --check: max|out-ref|/max|ref| per output.")
 @click.option("--report", type=click.Path(path_type=Path), help="Write the report as JSON.")
+@click.option("--trace", type=click.Path(path_type=Path), help="Write every rank's timeline "
+              "as a Chrome trace-event file (ui.perfetto.dev, chrome://tracing).")
 @click.option("--schedule", type=click.Choice(SCHEDULES),
               help="Pipeline schedule (default: the plan's).")
 @click.option("--devices-per-rank", default=1, show_default=True, type=click.IntRange(min=1),
@@ -70,13 +72,15 @@ SCHEDULES = ("gpipe", "1f1b")
 @click.option("--debug", is_flag=True, help="Show the failing rank's traceback and every "
               "rank's messages.")
 @click.pass_context
-def cli(ctx, plan, inputs, seed, iters, save, check, rtol, report, schedule, devices_per_rank,
-        mpiexec_path, timeout, platform, allgather_min_bytes, worker, quiet, debug):
+def cli(ctx, plan, inputs, seed, iters, save, check, rtol, report, trace, schedule,
+        devices_per_rank, mpiexec_path, timeout, platform, allgather_min_bytes, worker, quiet,
+        debug):
     """Run the plan in PLAN across MPI ranks: alpa-run PLAN [options] -- np N [mpiexec args]"""
     from alpac.runtime.worker import Options
     opts = Options(str(plan), str(inputs) if inputs else None, seed, iters,
                    str(save) if save else None, check, rtol, str(report) if report else None,
-                   schedule, devices_per_rank, timeout, platform, quiet, allgather_min_bytes)
+                   schedule, devices_per_rank, timeout, platform, quiet, allgather_min_bytes,
+                   str(trace) if trace else None)
     if debug:
         os.environ["ALPAC_RUN_DEBUG"] = "1"
     if worker:
@@ -185,13 +189,19 @@ def launch(opts, mpi_args: list[str], mpiexec_path: Path | None, debug: bool) ->
     mpiexec = str(mpiexec_path) if mpiexec_path else find_mpiexec()
     if not mpiexec or not Path(mpiexec).exists() and not shutil.which(mpiexec):
         return fail_usage("no mpiexec found (install the mpich package or pass --mpiexec)")
+    return run_ranks(mpiexec, n, extra, ["alpac.runtime.launcher", opts.plan, "--worker",
+                                         *worker_args(opts)], debug)
 
+
+def run_ranks(mpiexec: str, n: int, extra: list[str], module_args: list[str], debug: bool,
+              prog: str = "alpa-run") -> int:
+    """`python -m MODULE_ARGS...` as n ranks under mpiexec, supervised: the exit code (see
+    the module's docstring); `prog` names the command in the error lines."""
     status = Path(tempfile.mkdtemp(prefix="alpa-run-"))
     # With Hydra, the launcher (not mpiexec) ends the other ranks when one dies, so that it
     # can tell which rank died first.
     hydra = ["-disable-auto-cleanup"] if _is_hydra(mpiexec) else []
-    cmd = [mpiexec, *hydra, "-n", str(n), *extra, sys.executable, "-m", "alpac.runtime.launcher",
-           opts.plan, "--worker", *worker_args(opts)]
+    cmd = [mpiexec, *hydra, "-n", str(n), *extra, sys.executable, "-m", *module_args]
     env = dict(os.environ)
     env[STATUS_ENV] = str(status)
     env["PYTHONUNBUFFERED"] = "1"
@@ -199,7 +209,7 @@ def launch(opts, mpi_args: list[str], mpiexec_path: Path | None, debug: bool) ->
         env.setdefault("ALPAC_RUN_COLOR", "1")
         env.setdefault("ALPAC_RUN_WIDTH", str(shutil.get_terminal_size().columns))
     try:
-        return _supervise(cmd, env, status, n, debug)
+        return _supervise(cmd, env, status, n, debug, prog)
     finally:
         shutil.rmtree(status, ignore_errors=True)
 
@@ -217,7 +227,8 @@ def worker_args(opts) -> list[str]:
            "--devices-per-rank", str(opts.devices_per_rank), "--timeout", repr(opts.timeout),
            "--platform", opts.platform, "--allgather-min-bytes", str(opts.allgather_min_bytes)]
     for flag, value in (("--inputs", opts.inputs), ("--save", opts.save),
-                        ("--report", opts.report), ("--schedule", opts.schedule)):
+                        ("--report", opts.report), ("--trace", opts.trace),
+                        ("--schedule", opts.schedule)):
         if value is not None:
             out += [flag, value]
     if opts.check:
@@ -287,7 +298,7 @@ class _Output:
             sys.stderr.flush()
 
 
-def _supervise(cmd, env, status: Path, n: int, debug: bool) -> int:
+def _supervise(cmd, env, status: Path, n: int, debug: bool, prog: str = "alpa-run") -> int:
     try:
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 stdin=subprocess.DEVNULL)
@@ -343,21 +354,21 @@ def _supervise(cmd, env, status: Path, n: int, debug: bool) -> int:
         how = f" ({out.exit_string})" if out.exit_string else f" (mpiexec exit code {rc})"
         who = f"rank {dead[0]}" if len(dead) == 1 else \
             f"one of ranks {', '.join(map(str, dead))}"
-        click.echo(f"alpa-run: error: {who} ended unexpectedly{how}; the other ranks were "
+        click.echo(f"{prog}: error: {who} ended unexpectedly{how}; the other ranks were "
                    f"stopped", err=True)
         if debug and out.dropped:
             click.echo("\n".join(out.dropped), err=True)
         return EXIT_RUNTIME
     if first_error is not None:
         where = f"rank {first_error['rank']}: " if first_error.get("rank") is not None else ""
-        click.echo(f"alpa-run: error: {where}{first_error['message']}", err=True)
+        click.echo(f"{prog}: error: {where}{first_error['message']}", err=True)
         if debug and first_error.get("detail"):
             click.echo(first_error["detail"], err=True)
         return int(first_error.get("code") or EXIT_RUNTIME)
     if rc in (0, 1):
         return rc
     how = f" ({out.exit_string})" if out.exit_string else f" (mpiexec exit code {rc})"
-    click.echo(f"alpa-run: error: a rank ended unexpectedly{how}; the other ranks were "
+    click.echo(f"{prog}: error: a rank ended unexpectedly{how}; the other ranks were "
                f"stopped", err=True)
     return EXIT_RUNTIME
 

@@ -1,17 +1,19 @@
 """The run report: built on rank 0 from every rank's statistics, printed with rich and written
 as JSON (`--report FILE.json`).
 
-JSON fields: `plan`, `ranks`, `devices_per_rank`, `schedule`, `num_micro_batches`,
-`num_stages`, `iterations`, `iteration_time_s` (list, one per iteration, the slowest rank's),
-`median_iteration_time_s`, `throughput` (`steps_per_s`, and `samples_per_s` with
-`batch_size` when the batch size is known), `stages` (per mesh: `mesh`, `stages`, `devices`,
-`ranks`, `busy_s` and `idle_s` per iteration, `peak_live_microbatches`,
-`schedule_max_live_microbatches`), `bytes_between_meshes` (measured in one step, the most of
-any iteration), `bytes_between_meshes_per_iteration`, `bytes_between_meshes_by_pair`,
+JSON fields: `plan`, `source_sha256` and `program_sha256` (which plan ran), `ranks`,
+`devices_per_rank`, `schedule`, `num_micro_batches`, `num_stages`, `iterations`,
+`iteration_time_s` (list, one per iteration, the slowest rank's), `median_iteration_time_s`,
+`throughput` (`steps_per_s`, and `samples_per_s` with `batch_size` when the batch size is
+known), `stages` (per mesh: `mesh`, `stages`, `devices`, `ranks`, `busy_s` and `idle_s` per
+iteration, `peak_live_microbatches`, `schedule_max_live_microbatches`),
+`bytes_between_meshes` (measured in one step, the most of any iteration),
+`bytes_between_meshes_per_iteration`, `bytes_between_meshes_by_pair`,
 `predicted_bytes_between_meshes` (the plan's `Program.transfer_bytes()`),
 `bytes_between_steps` (aliased outputs moved to another mesh for the next step),
-`transfer_time_s`, and when `--check` ran `check` (`rtol`, `max_rel_error`: per output
-`out<k>` and `overall`, `passed`).
+`transfer_time_s`, `modules` (per module that ran: `name`, `stage`, `role`, `mesh`,
+`executions_per_step`, `median_s` per execution over every rank and iteration), and when
+`--check` ran `check` (`rtol`, `max_rel_error`: per output `out<k>` and `overall`, `passed`).
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ from alpac.plan.program import Role
 from alpac.plan.schedule import max_live_microbatches
 
 
-def build(*, plan_dir: str, timeline, ranks: int, devices_per_rank: int, per_rank: list,
-          batch_size: int | None, check: dict | None) -> dict:
+def build(*, plan_dir: str, identity: dict, timeline, ranks: int, devices_per_rank: int,
+          per_rank: list, batch_size: int | None, check: dict | None) -> dict:
     """`per_rank[r]` is rank r's list of `StepStats`, one per iteration."""
     program = timeline.program
     iters = len(per_rank[0]) if per_rank else 0
@@ -64,6 +66,7 @@ def build(*, plan_dir: str, timeline, ranks: int, devices_per_rank: int, per_ran
         per_iter.append(total)
     report = {
         "plan": plan_dir,
+        **identity,
         "ranks": ranks,
         "devices_per_rank": devices_per_rank,
         "schedule": timeline.kind,
@@ -86,10 +89,29 @@ def build(*, plan_dir: str, timeline, ranks: int, devices_per_rank: int, per_ran
                                     for k in range(iters)), default=0),
         "transfer_time_s": [max(st[k].transfer_seconds for st in per_rank)
                             for k in range(iters)],
+        "modules": module_times(timeline, per_rank),
     }
     if check is not None:
         report["check"] = check
     return report
+
+
+def module_times(timeline, per_rank: list) -> list[dict]:
+    """Per module that ran: executions per step and the median seconds of one execution."""
+    seconds: dict[str, list[float]] = {}
+    for stats in per_rank:
+        for step in stats:
+            for kind, ref, start, end in step.events:
+                if kind == "run":
+                    seconds.setdefault(timeline.tasks[ref].module.name, []).append(end - start)
+    runs: dict[str, int] = {}
+    for task in timeline.tasks:
+        if task.kind == "run":
+            runs[task.module.name] = runs.get(task.module.name, 0) + 1
+    return [{"name": m.name, "stage": m.stage, "role": str(m.role), "mesh": m.mesh,
+             "executions_per_step": runs.get(m.name, 0),
+             "median_s": statistics.median(seconds[m.name])}
+            for m in timeline.program.modules if m.name in seconds]
 
 
 def write(report: dict, path: Path) -> None:

@@ -74,6 +74,7 @@ class Mover:
         self.bytes: dict[tuple[int, int], int] = {}  # (src mesh, dst mesh) -> bytes received
         self.forward_bytes = 0  # inside destination meshes (replicas without local all-gather)
         self.seconds = 0.0
+        self.arrived: float | None = None  # when the last receive's last message came in
 
     # ---- layouts -----------------------------------------------------------------------
     def sharding(self, text: str, mesh: int):
@@ -169,6 +170,7 @@ class Mover:
 
         import jax
         t0 = time.perf_counter()
+        self.arrived = None
         me = self.comm.rank
         rp, _, src_rank, dst_rank = self._plan(mv)
         dtype = host_dtype(mv.dtype)
@@ -187,6 +189,7 @@ class Mover:
             else:
                 nbytes = sum(resharding.size(p.region) for p in pieces) * dtype.itemsize
                 raw = self.comm.recv(np.empty(nbytes, np.uint8), rank, mv.tag, mv.what)
+                self.arrived = time.perf_counter()
                 parts = _unpack(raw, [[b - a for a, b in p.region] for p in pieces], dtype)
             for p, data in zip(pieces, parts):
                 origin = [a for a, _ in rp.recv_regions[p.dst]]
@@ -204,6 +207,7 @@ class Mover:
                 shape = [b - a for a, b in rp.recv_regions[replica]]
                 raw = self.comm.recv(np.empty(int(np.prod(shape)) * dtype.itemsize, np.uint8),
                                      dst_rank[leader], mv.tag + 1, mv.what)
+                self.arrived = time.perf_counter()
                 bufs[replica] = _unpack(raw, [shape], dtype)[0]
         devices = self.meshes[mv.dst_mesh]
         layout = rp.sharding_text() or mv.dst_sharding

@@ -47,6 +47,7 @@ class Options:
     platform: str = "auto"
     quiet: bool = False
     allgather_min_bytes: int = 1 << 20
+    trace: str | None = None
 
 
 class SetupError(Exception):
@@ -116,6 +117,7 @@ class _Setup:
     params: list
     host_inputs: dict
     batch_size: int | None
+    identity: dict  # the plan's source and program hashes, for the report
 
 
 def _run(comm, opts: Options, platform: str) -> int:
@@ -209,13 +211,21 @@ def _conclude(comm, opts: Options, jax, setup: _Setup, pieces, per_rank) -> int:
     if opts.save is not None:
         save(Path(opts.save), outputs)
     check = _check(opts, jax, setup, outputs) if opts.check else None
-    report = rep.build(plan_dir=str(opts.plan), timeline=setup.tl, ranks=comm.size,
-                       devices_per_rank=opts.devices_per_rank, per_rank=per_rank,
-                       batch_size=setup.batch_size, check=check)
+    report = rep.build(plan_dir=str(opts.plan), identity=setup.identity, timeline=setup.tl,
+                       ranks=comm.size, devices_per_rank=opts.devices_per_rank,
+                       per_rank=per_rank, batch_size=setup.batch_size, check=check)
     if opts.report:
         rep.write(report, Path(opts.report))
+    if opts.trace:
+        from alpac.plan.trace import write_trace
+        from alpac.runtime.trace import measured_trace
+        write_trace(measured_trace(str(opts.plan), setup.tl, per_rank,
+                                   report["iteration_time_s"]), Path(opts.trace))
     if not opts.quiet:
         rep.render(report, _console())
+        if opts.trace:
+            print(f"timeline written to {opts.trace} (open it in ui.perfetto.dev or "
+                  f"chrome://tracing)")
     if check is None or check["passed"]:
         return 0
     _say_check_failed(check, opts.rtol)
@@ -253,6 +263,7 @@ def _say_check_failed(check: dict, rtol: float) -> None:
 
 def _setup(comm, opts: Options) -> _Setup:
     from alpac.errors import UserError
+    from alpac.plan.io import plan_identity
     from alpac.plan.program import load_program
     from alpac.runtime.data import entry_parameters, load_inputs, program_parameters
     from alpac.runtime.timeline import build
@@ -296,7 +307,8 @@ def _setup(comm, opts: Options) -> _Setup:
                        for i in program.inputs if i.batch_dim is not None), None)
     if batch_size is None:
         batch_size = (stats.get("batch") or {}).get("size")
-    return _Setup(plan_dir, program, tl, source_text, params, host_inputs, batch_size)
+    return _Setup(plan_dir, program, tl, source_text, params, host_inputs, batch_size,
+                  plan_identity(plan))
 
 
 def _init_jax(comm, opts: Options, platform: str, distributed: bool):

@@ -709,6 +709,7 @@ def generate_models(out_dir: Path = MODELS_DIR, names=MODEL_NAMES, verbose: bool
 # name: (hidden, layers, heads); seq 1024, vocab 51200 for all (Alpa, OSDI'22, Table 4).
 GPT_SUITE = {
     "350M": (1024, 24, 16),
+    "760M": (1536, 24, 16),
     "1.3B": (2048, 24, 32),
     "2.6B": (2560, 32, 32),
     "6.7B": (4096, 32, 32),

@@ -54,6 +54,8 @@ CONTRACTIONS = frozenset({"dot", "convolution"})
 
 # slide a window= over their first operand and apply a scalar computation per window
 WINDOW_REDUCTIONS = frozenset({"reduce-window", "select-and-scatter"})
+# combine many elements into fewer with a reducer computation
+REDUCTIONS = WINDOW_REDUCTIONS | {"reduce"}
 BATCH_NORM = frozenset({"batch-norm-training", "batch-norm-inference", "batch-norm-grad"})
 # XLA hands them to a library routine over whole arrays (cuSOLVER/LAPACK, cuFFT)
 LIBRARY_CALLS = frozenset({"cholesky", "triangular-solve", "fft"})

@@ -10,6 +10,7 @@ runs as one stage with B = 1, and the assignment says why.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -19,6 +20,7 @@ from alpac.hlo.opcodes import CONTRACTIONS
 from alpac.interop import pipeline as pl
 from alpac.interop.layers import choose_num_layers, cluster_layers, layer_owned
 from alpac.interop.pricing import LayerCost, LayerModules, LayerTask, RangeCosts, solve_all
+from alpac.interop.remat import REMAT_MODES, Remat
 from alpac.interop.stage import Stage, StageAssignment
 from alpac.interop.stage_dp import NoFeasiblePlan, StageCost, StagePlan, stage_dp
 from alpac.interop.submesh import grid_shape, logical_shapes, submesh_shapes
@@ -38,6 +40,7 @@ class StageOptions:
     layer_time_limit: float = 5.0  # seconds per layer ILP (the DP needs costs, not proofs)
     max_micro_batches: int = 128
     strategy: str = ""  # data-parallel | zero2 | zero3 | megatron:dp=..,tp=..,pp=..
+    remat: str = "auto"  # auto (the stage DP's choice per stage) | none | selective | full
 
 
 class MeshConfig(NamedTuple):
@@ -46,6 +49,14 @@ class MeshConfig(NamedTuple):
 
     shape: tuple[int, ...]
     lean: bool
+
+
+class StageConfig(NamedTuple):
+    """What the stage DP chooses for a stage on a submesh besides its layers: a priced mesh
+    config (an index into the submesh's) and how its layers recompute."""
+
+    config: int
+    remat: Remat
 
 
 SINGLE_STAGE_STRATEGIES = ("data-parallel", "zero2", "zero3")
@@ -168,6 +179,7 @@ class _Pipeliner:
         self.budget, self.options, self.on_progress = budget, options, progress
         self.stats, self.seconds, self.clock = stats, {}, time.perf_counter()
         self.forced = None  # (dp, tp, pp) of a forced Megatron strategy
+        self.launch = cluster.calibration.launch_s if cluster.calibration else 0.0
         self.solved, self.chosen, self.again = {}, {}, {}  # (layer hash, m, c) -> ...
 
     def run(self) -> StageAssignment:
@@ -219,6 +231,7 @@ class _Pipeliner:
                 raise UserError(f"strategy {strategy}: {self.num_layers} layers do not split "
                                 f"into {pp} equal stages (--layers sets the number)")
         self.configs = [[MeshConfig(tuple(shape), False) for shape in cs] for cs in shapes]
+        self.modes = _remat_modes(self.options.remat)
 
     def tasks(self, keys, layers: LayerModules, hint=None) -> list[LayerTask]:
         out = []
@@ -272,9 +285,10 @@ class _Pipeliner:
             share = nodes * per_node / self.cluster.num_devices
             for c in range(len(self.configs[m])):
                 solved = [self.solved[(h, m, c)] for h in self.hashes]
-                fair = sum(s.static_bytes * share + s.activation_bytes * self.reference
-                           / max(self.candidates) for s in solved) \
-                    + max(s.transient_bytes for s in solved)
+                fair = sum(s[Remat.NONE].static_bytes * share + min(
+                    s[mode].activation_bytes for mode in self.modes) * self.reference
+                    / max(self.candidates) for s in solved) \
+                    + max(s[Remat.NONE].transient_bytes for s in solved)
                 if fair > self.budget and nodes * per_node > 1:
                     self.configs[m].append(MeshConfig(self.configs[m][c].shape, True))
                     added += [(h, m, len(self.configs[m]) - 1) for h in self.distinct]
@@ -300,16 +314,27 @@ class _Pipeliner:
                 "reference_micro_batches": self.reference, "seconds": self.seconds}
 
     def stage_dp(self) -> StagePlan:
-        """The stage DP over the priced layers (pinned ranges when given or forced)."""
-        ranges: dict[tuple[int, int, int], RangeCosts] = {}  # (m, c, B) -> every range
+        """The stage DP over the priced layers (pinned ranges when given or forced), each
+        priced mesh config with each recomputation mode allowed."""
+        self.stage_configs = [[StageConfig(c, mode) for c in range(len(cs)) for mode in self.modes]
+                              for cs in self.configs]
+        ranges: dict[tuple, RangeCosts] = {}  # (m, c, remat, B) -> every range
 
-        def stage_cost(first, last, m, c, B):
-            if (m, c, B) not in ranges:
-                ranges[(m, c, B)] = RangeCosts([
-                    LayerCost.fit(self.reference, self.solved[key], self.second,
-                                  self.again.get(key, self.solved[key]), B)
+        def priced(first, last, m, c, mode, B) -> LayerCost:
+            if (m, c, mode, B) not in ranges:
+                ranges[(m, c, mode, B)] = RangeCosts([
+                    LayerCost.fit(self.reference, self.solved[key][mode], self.second,
+                                  self.again.get(key, self.solved[key])[mode], B)
                     for key in ((h, m, c) for h in self.hashes)])
-            total = ranges[(m, c, B)](first, last)
+            return ranges[(m, c, mode, B)](first, last).with_launches(self.launch)
+
+        def stage_cost(first, last, m, k, B):
+            c, mode = self.stage_configs[m][k]
+            total = priced(first, last, m, c, mode, B)
+            if mode != self.modes[0] and not _affords_more(
+                    total, priced(first, last, m, c, self.modes[0], B), self.budget,
+                    min(B, n)):
+                return None  # recomputing here buys nothing: the stage fits as it is
             return StageCost(total.t, total.apply, total.held_bytes, total.activation_bytes,
                              self.budget)
 
@@ -320,21 +345,28 @@ class _Pipeliner:
             pinned = [(k * size, (k + 1) * size - 1) for k in range(self.forced[2])]
         cluster = self.cluster
         try:
-            plan = stage_dp(n, self.submeshes, self.configs, cluster.nodes,
+            plan = stage_dp(n, self.submeshes, self.stage_configs, cluster.nodes,
                             cluster.devices_per_node, self.candidates, stage_cost,
                             fixed_stages=pinned)
         except NoFeasiblePlan as e:
-            need = f"{e.min_memory:,.0f} bytes" if e.min_memory is not None else "more"
+            if e.min_memory is None:  # no stage may run anywhere (a forced grid that no
+                # submesh has, e.g. tensor parallelism wider than a node)
+                raise UserError(f"no stage assignment exists on cluster '{cluster.name}'"
+                                + (f" for strategy {self.options.strategy}" if self.forced
+                                   else "")) from None
             raise UserError(f"the model does not fit on cluster '{cluster.name}': the smallest "
-                            f"memory per device alpac can reach is {need}, the budget is "
-                            f"{self.budget:,.0f} bytes") from None
+                            f"memory per device alpac can reach is {e.min_memory:,.0f} bytes, "
+                            f"the budget is {self.budget:,.0f} bytes") from None
         self.lap("stage DP")
         return plan
 
     def build(self, plan: StagePlan) -> StageAssignment:
         """The chosen stages' modules, meshes, hints from their layers' ILPs and filters."""
         B = plan.num_micro_batches
-        configs = [self.configs[st.submesh][st.config] for st in plan.stages]
+        chosen = [self.stage_configs[st.submesh][st.config] for st in plan.stages]
+        configs = [self.configs[st.submesh][k.config] for st, k in zip(plan.stages, chosen)]
+        remat = {layer: k.remat for st, k in zip(plan.stages, chosen)
+                 for layer in range(st.first_layer, st.last_layer + 1)}
         meshes = [LogicalMesh(cfg.shape, tuple(st.devices))
                   for st, cfg in zip(plan.stages, configs)]
         stage_of_layer = [next(s for s, st in enumerate(plan.stages)
@@ -344,13 +376,14 @@ class _Pipeliner:
             self.split.microbatch(B), {x.name for x in self.split.forward}, self.layer_of,
             self.module.input_output_alias)
         where, placed = pl.assign_stages(graph, stage_of_layer)
-        modules = pl.stage_modules(graph, where, placed, len(meshes), B)
+        modules = pl.stage_modules(graph, where, placed, len(meshes), B, remat=remat)
         stages = tuple(
             Stage(s, mesh, sm.module, (st.first_layer, st.last_layer),
-                  self.submeshes[st.submesh], pipeline_stage=sm, hints=self.hints(st),
+                  self.submeshes[st.submesh], pipeline_stage=sm, hints=self.hints(st, k.config),
                   rule=stage_rule(sm, graph, mesh, self.forced is not None, cfg.lean),
                   weights_stored_split=cfg.lean)
-            for s, (st, mesh, sm, cfg) in enumerate(zip(plan.stages, meshes, modules, configs)))
+            for s, (st, mesh, sm, cfg, k) in enumerate(zip(plan.stages, meshes, modules,
+                                                           configs, chosen)))
         self.lap("stage modules")
         summary = {"layers": self.num_layers, "objective_s": plan.objective,
                    "bubble_fraction": plan.bubble_fraction,
@@ -359,17 +392,41 @@ class _Pipeliner:
         return StageAssignment(stages, B, (graph, modules), summary,
                                self.options.strategy if self.forced else None)
 
-    def hints(self, st) -> dict[str, object]:
+    def hints(self, st, config: int) -> dict[str, object]:
         """Per instruction of the stage, the sharding its layer's ILP chose (None where two
         layers of the stage disagree: it stays free)."""
         hints: dict[str, object] = {}
         for layer in range(st.first_layer, st.last_layer + 1):
             names = [x.name for x in self.layers.layers[layer][0].module.entry.instructions]
-            shards = self.chosen[(self.hashes[layer], st.submesh, st.config)]
+            shards = self.chosen[(self.hashes[layer], st.submesh, config)]
             for name, sharding in zip(names, shards):
                 if sharding is not None:
                     hints[name] = sharding if hints.get(name, sharding) == sharding else None
         return hints
+
+
+def _remat_modes(text: str) -> tuple[Remat, ...]:
+    """The recomputation modes the stage DP may choose from (the first: its default)."""
+    if text == "auto":
+        return REMAT_MODES
+    try:
+        return (Remat(text),)
+    except ValueError:
+        raise UserError(f"--remat '{text}' should be one of auto, "
+                        f"{', '.join(REMAT_MODES)}") from None
+
+
+def _affords_more(cost: LayerCost, base: LayerCost, budget: float, wanted: int) -> bool:
+    """Whether a stage recomputing as `cost` holds more microbatches in flight than as `base`,
+    which holds fewer than `wanted`."""
+    def in_flight(c: LayerCost) -> float:
+        room = budget - c.held_bytes
+        if c.activation_bytes <= 0:
+            return math.inf if room >= 0 else -1.0
+        return math.floor(room / c.activation_bytes)
+
+    have = in_flight(base)
+    return have < wanted and in_flight(cost) > have
 
 
 def _powers_of_two(limit: int) -> list[int]:

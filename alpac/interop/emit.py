@@ -28,7 +28,9 @@ class EmittedPlan:
         return self.entries
 
 
-def emit_plan(source: Module, sharded: ShardedStages) -> EmittedPlan:
+def emit_plan(source: Module, sharded: ShardedStages, launch: float = 0.0) -> EmittedPlan:
+    """`launch`: seconds to launch one module execution (a calibrated cluster's), counted
+    once per module run."""
     files: dict[str, str] = {}
     stages = [_stage_entry(s, files) for s in sharded.stages]
     entries = {"num_micro_batches": sharded.assignment.micro_batches, "stages": stages}
@@ -39,11 +41,11 @@ def emit_plan(source: Module, sharded: ShardedStages) -> EmittedPlan:
                                        stages[0]["module"])
         entries["program"] = program.to_dict()
         entries["estimate"] = {
-            "iteration_time_s": sum(e["estimate"]["time_s"] for e in stages),
+            "iteration_time_s": sum(e["estimate"]["time_s"] for e in stages) + launch,
             "peak_memory_bytes": max(e["estimate"]["peak_memory_bytes"] for e in stages),
         }
     else:
-        entries.update(_pipelined(source, sharded, stages, files))
+        entries.update(_pipelined(source, sharded, stages, files, launch))
     solves = tuple({"index": s.stage.index, "ilp_solve_time_s": s.sharding.solution.solve_time}
                    for s in sharded.stages)
     return EmittedPlan(files, entries, solves)
@@ -67,6 +69,8 @@ def _stage_entry(done: ShardedStage, files: dict[str, str]) -> dict:
         "module": module_file,
         "decisions": decisions_file,
         "weights_stored_split": stage.weights_stored_split,
+        "remat": None if stage.pipeline_stage is None else {
+            str(layer): str(mode) for layer, mode in sorted(stage.pipeline_stage.remat.items())},
         "ilp": {"objective_s": sol.objective, "gap": sol.gap, "status": sol.status,
                 "graph_before_reduction": sol.size_before,
                 "graph_after_reduction": sol.size_after,
@@ -80,7 +84,7 @@ def _stage_entry(done: ShardedStage, files: dict[str, str]) -> dict:
 
 
 def _pipelined(source: Module, sharded: ShardedStages, entries: list[dict],
-               files: dict[str, str]) -> dict:
+               files: dict[str, str], launch: float) -> dict:
     """Role modules of every stage, the program, and the pipeline's estimates."""
     graph, modules = sharded.assignment.pipeline
     B = sharded.assignment.micro_batches
@@ -98,6 +102,7 @@ def _pipelined(source: Module, sharded: ShardedStages, entries: list[dict],
     for s, (done, entry) in enumerate(zip(sharded.stages, entries)):
         figures, in_flight, peak = pipelined_peak(done.stage.pipeline_stage, done.sharding,
                                                   S, s, B)
+        figures = figures.with_launches(launch)
         entry["estimate"].update({
             "time_per_microbatch_s": figures.t, "apply_s": figures.apply,
             "static_bytes": figures.static_bytes,

@@ -29,6 +29,7 @@ from alpac.hlo.ir import Computation, Instruction, Module, UniqueNames
 from alpac.hlo.opcodes import GENERATORS
 from alpac.hlo.shape import Shape
 from alpac.interop.layers import layer_owned
+from alpac.interop.remat import remat_split
 from alpac.plan.program import Role
 
 PER_MICROBATCH = frozenset({Role.FORWARD, Role.BACKWARD, Role.ACCUMULATE})
@@ -177,6 +178,8 @@ class StageModule:
     output_values: list[str]  # per root-tuple element: the program value it defines
     output_roles: list[Role]  # per root-tuple element: the role module that gives it
     scope: dict[str, str]  # program value -> step | microbatch
+    layer_of: dict[str, int] = field(default_factory=dict)  # node name -> layer
+    remat: dict = field(default_factory=dict)  # layer -> Remat (missing: keep everything)
 
 
 # Made from at most a scalar: each stage that reads one makes its own rather than receive a
@@ -326,8 +329,9 @@ def _check_order(entry: Computation, graph: StepGraph, placed: dict[str, int]) -
 
 def stage_modules(graph: StepGraph, where: dict[str, set[int]], placed: set[str],
                   num_stages: int, num_micro_batches: int,
-                  only: list[int] | None = None) -> list[StageModule]:
-    """The module of every stage (or of the stages in `only`)."""
+                  only: list[int] | None = None, remat: dict | None = None
+                  ) -> list[StageModule]:
+    """The module of every stage (or of the stages in `only`); `remat`: layer -> Remat."""
     entry = graph.module.entry
     users: dict[str, set[int]] = {}  # node name -> stages that read it
     for x in entry.instructions:
@@ -353,7 +357,12 @@ def stage_modules(graph: StepGraph, where: dict[str, set[int]], placed: set[str]
                                 if x.name in placed},
                                [graph.value_of(p) for p in params],
                                [graph.value_of(x) for x in outputs],
-                               [_module_role(graph.role[x.name]) for x in outputs], scope))
+                               [_module_role(graph.role[x.name]) for x in outputs], scope,
+                               {x.name: graph.layer_of[x.name] for x in members
+                                if x.name in graph.layer_of},
+                               {layer: mode for layer, mode in (remat or {}).items()
+                                if any(graph.layer_of.get(x.name) == layer and x.name in placed
+                                       for x in members)}))
     return out
 
 
@@ -380,9 +389,11 @@ class RoleModule:
 
 def role_modules(stage: StageModule, sharded: Module) -> list[RoleModule]:
     """Cut a sharded stage module into its prologue, forward, backward and update modules.
-    Instructions computed for several roles (recomputable ones, and the resharding copies the
-    sharding pass inserted) are repeated in each."""
+    Instructions computed for several roles (recomputable ones, those the stage recomputes in
+    its backward, and the resharding copies the sharding pass inserted) are repeated in each."""
     entry = sharded.entry
+    again = remat_split(stage).again
+    fixed_role = {name: role for name, role in stage.role.items() if name not in again}
     params = {p.name: stage.param_values[p.parameter_number] for p in entry.parameters}
     root = entry.root
     given = {id(x): v for x, v in zip(root.operands, stage.output_values)}
@@ -392,7 +403,7 @@ def role_modules(stage: StageModule, sharded: Module) -> list[RoleModule]:
     for x in reversed(entry.instructions):
         if x is root or x.opcode == "parameter":
             continue
-        fixed = stage.role.get(x.name)
+        fixed = fixed_role.get(x.name)
         if fixed is not None:
             roles[id(x)] = {fixed}
             continue
@@ -405,7 +416,7 @@ def role_modules(stage: StageModule, sharded: Module) -> list[RoleModule]:
     def owner(x: Instruction) -> Role:
         """The one role module that gives x to others: its own role, the role of the stage
         output it is, or (recomputed in several roles) the last of them."""
-        return stage.role.get(x.name) or given_role.get(id(x)) or max(
+        return fixed_role.get(x.name) or given_role.get(id(x)) or max(
             roles[id(x)], key=ROLE_ORDER.index)
 
     value_of: dict[int, str] = {}  # instruction -> program value it carries between modules
@@ -414,7 +425,7 @@ def role_modules(stage: StageModule, sharded: Module) -> list[RoleModule]:
             value_of[id(x)] = params[x.name]
         elif id(x) in given:
             value_of[id(x)] = given[id(x)]
-        elif x.name in stage.role:
+        elif x.name in fixed_role:
             value_of[id(x)] = f"s{stage.index}:{x.name}"
     out = []
     for role in ROLE_ORDER:
@@ -423,7 +434,7 @@ def role_modules(stage: StageModule, sharded: Module) -> list[RoleModule]:
             continue
         # what this role gives: values other roles of the stage read, and the stage's outputs
         outputs = [x for x in members if owner(x) == role and (
-            id(x) in given or (stage.role.get(x.name) == role and any(
+            id(x) in given or (fixed_role.get(x.name) == role and any(
                 roles.get(id(u), {role}) - {role} for u in users[x] if u is not root)))]
         if not outputs:
             continue

@@ -31,6 +31,7 @@ import numpy as np
 
 from alpac.hlo.transforms import canonical_hash, canonical_order
 from alpac.interop import pipeline as pl
+from alpac.interop.remat import REMAT_MODES, Remat, remat_split, split_for_backward
 from alpac.intraop.autoshard import auto_shard
 from alpac.intraop.rules import both, keep_to
 from alpac.plan.mesh import LogicalMesh
@@ -79,6 +80,14 @@ class LayerCost:
                          at(c1.activation_bytes, c2.activation_bytes),
                          max(c1.transient_bytes, c2.transient_bytes))
 
+    def with_launches(self, launch: float) -> "LayerCost":
+        """The stage's cost with its module launches: a forward and a backward module per
+        microbatch, an update module per step (0 s unless the cluster is calibrated)."""
+        if not launch:
+            return self
+        return LayerCost(self.t + 2 * launch, self.apply + launch, self.static_bytes,
+                         self.activation_bytes, self.transient_bytes)
+
     def __add__(self, other: "LayerCost") -> "LayerCost":
         return LayerCost(self.t + other.t, self.apply + other.apply,
                          self.static_bytes + other.static_bytes,
@@ -126,8 +135,8 @@ class LayerModules:
 
 
 def layer_cost(stage: "pl.StageModule", mesh: LogicalMesh, cluster, time_limit: float,
-               hint: list | None = None, rule=None) -> tuple[LayerCost, list]:
-    """The layer's figures, and the sharding the ILP chose for each instruction of its module
+               hint: list | None = None, rule=None) -> tuple[dict[Remat, LayerCost], list]:
+    """The layer's figures under each recomputation mode, and the sharding the ILP chose for each instruction of its module
     (by position, None where it chose none): a hint for the final ILP of the stage that
     holds any layer of the same structure. With `hint` (such a list for a module of the same
     structure), the ILP keeps to it: the same shardings priced at another microbatch size."""
@@ -143,29 +152,40 @@ def layer_cost(stage: "pl.StageModule", mesh: LogicalMesh, cluster, time_limit: 
         twin = decided.get(instr.name)
         value = result.graph.values.get((twin, ())) if twin is not None else None
         chosen.append(value.sharding(choice) if value is not None else None)
-    return stage_figures(stage, result), chosen
+    return remat_figures(stage, result), chosen
 
 
-def stage_figures(stage: "pl.StageModule", result) -> LayerCost:
+def stage_figures(stage: "pl.StageModule", result, choice: dict | None = None) -> LayerCost:
     """Time per microbatch, update time, static and per-microbatch memory of a sharded stage
-    module."""
+    module, recomputing as `choice` says (layer -> Remat; the stage's own when None): the
+    backward pays the recomputed instructions once more and the microbatch keeps less."""
     B = max(stage.repeats.values(), default=1.0)
     role = stage.role
     seconds = result.seconds_by(lambda name: role.get(name, "shared"))
     per_step = sum(v for k, v in seconds.items()
                    if k in (Role.FORWARD, Role.BACKWARD, "shared"))
-    activation_names = kept_activations(stage)
+    split = remat_split(stage, choice)
+    if split.again:
+        per_step += sum(v for k, v in result.seconds_by(lambda name: name).items()
+                        if k in split.again)
     parameters = result.graph.module.entry.parameters
     per_value = result.bytes_by(lambda name: name)
-    activation = sum(v for k, v in per_value.items() if k in activation_names)
+    activation = sum(v for k, v in per_value.items() if k in split.kept)
     # XLA fuses the elementwise chains of the forward, backward and update into loops that
     # write their results in place, so beyond the parameters and the kept activations a
     # stage holds about one temporary at a time: the largest value it computes
-    others = {p.name for p in parameters} | activation_names
+    others = {p.name for p in parameters} | split_for_backward(stage, set()).kept
     transient = max((v for k, v in per_value.items() if k not in others), default=0.0)
     params = sum(_param_bytes(result, p) for p in parameters
                  if stage.scope.get(stage.param_values[p.parameter_number]) == "step")
     return LayerCost(per_step / B, seconds.get(Role.APPLY, 0.0), params, activation, transient)
+
+
+def remat_figures(stage: "pl.StageModule", result) -> dict[Remat, LayerCost]:
+    """The figures of a one-layer stage module under each recomputation mode."""
+    layers = set(stage.layer_of.values())
+    return {mode: stage_figures(stage, result, {layer: mode for layer in layers})
+            for mode in REMAT_MODES}
 
 
 def pipelined_peak(stage: "pl.StageModule", result, num_stages: int, index: int,
@@ -175,15 +195,6 @@ def pipelined_peak(stage: "pl.StageModule", result, num_stages: int, index: int,
     figures = stage_figures(stage, result)
     in_flight = microbatches_in_flight(num_stages, index, num_micro_batches)
     return figures, in_flight, figures.held_bytes + in_flight * figures.activation_bytes
-
-
-def kept_activations(stage) -> set[str]:
-    """The activations of a stage: forward nodes the backward reads, what a microbatch keeps
-    between the two (the one definition; what layers own is `layers.layer_owned`)."""
-    entry = stage.module.entry
-    users = entry.users()
-    return {x.name for x in entry.instructions if stage.role.get(x.name) == Role.FORWARD
-            and any(stage.role.get(u.name) == Role.BACKWARD for u in users[x])}
 
 
 def _param_bytes(result, param) -> float:

@@ -19,7 +19,7 @@ from alpac.analysis.costmodel import CostModel
 from alpac.analysis.costs import CostTable
 from alpac.errors import UserError
 from alpac.hlo.ir import Computation, Instruction, Module
-from alpac.hlo.opcodes import COLLECTIVE_OPS
+from alpac.hlo.opcodes import COLLECTIVE_OPS, CONTRACTIONS, REDUCTIONS
 from alpac.hlo.shape import Shape
 from alpac.intraop.collectives import Collective, reshard
 from alpac.intraop.ilp import MemoryPoint, StrategyGraph
@@ -453,8 +453,15 @@ def strategy_seconds(sg: ShardingGraph, instr: Instruction, st: Strategy) -> flo
     if cost is not None:
         dtype = instr.shape.dtype if not instr.shape.is_tuple else "f32"
         compute = sg.model.compute(cost.flops / st.divisor, cost.bytes_accessed / st.divisor,
-                                   dtype)
+                                   dtype, _work_kind(instr))
     return compute + sum(c.seconds(sg.model) for c in st.collectives)
+
+
+def _work_kind(instr: Instruction) -> str:
+    """Which measured table prices an instruction's work on a calibrated cluster."""
+    if instr.opcode in CONTRACTIONS:
+        return "dot"
+    return "reduce" if instr.opcode in REDUCTIONS else "elementwise"
 
 
 def _index(items: list) -> tuple[np.ndarray, list]:

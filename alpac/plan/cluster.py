@@ -13,6 +13,8 @@ A cluster file (YAML) has these keys, all required unless marked optional:
     links:
       intra_node: {bandwidth: 150GB/s, latency: 5us}
       inter_node: {bandwidth: 25Gbit/s, latency: 20us}   # optional when nodes is 1
+    calibration: ...                # optional: measured tables (alpac calibrate;
+                                    # alpac/plan/calibration.py)
 
 Units (a plain number is in base units: bytes, bytes/s, seconds, FLOP/s; a space may separate
 number and unit):
@@ -42,6 +44,7 @@ from typing import Any, NoReturn
 import yaml
 
 from alpac.errors import UserError
+from alpac.plan.calibration import Calibration, read_calibration
 
 #: Number of virtual CPU devices alpac plans for by default (XLA's
 #: --xla_force_host_platform_device_count=8).
@@ -76,6 +79,7 @@ class Cluster:
     device: DeviceSpec
     intra_node: Link
     inter_node: Link
+    calibration: Calibration | None = None  # measured tables (`alpac calibrate`), if any
 
     @property
     def num_devices(self) -> int:
@@ -113,10 +117,13 @@ class Cluster:
                                   "flops": dict(self.device.flops)}
         if self.device.memory_bandwidth is not None:
             device["memory_bandwidth"] = self.device.memory_bandwidth
-        return {"name": self.name, "nodes": self.nodes, "devices_per_node": self.devices_per_node,
-                "device": device,
-                "links": {"intra_node": _link_dict(self.intra_node),
-                          "inter_node": _link_dict(self.inter_node)}}
+        out = {"name": self.name, "nodes": self.nodes, "devices_per_node": self.devices_per_node,
+               "device": device,
+               "links": {"intra_node": _link_dict(self.intra_node),
+                         "inter_node": _link_dict(self.inter_node)}}
+        if self.calibration is not None:
+            out["calibration"] = self.calibration.to_dict()
+        return out
 
     @classmethod
     def from_dict(cls, d: Any, path: str = "<dict>") -> Cluster:
@@ -232,6 +239,7 @@ _FLOPS_TYPES = tuple("f32 bf16 f16 tf32 f8e4m3fn f8e5m2 f64 s8 s32 s4 s16 s64 u8
                      "u2 s2 pred c64 c128 f8e4m3fnuz f8e5m2fnuz f8e4m3b11fnuz f8e4m3 f8e3m4 "
                      "f8e8m0fnu f4e2m1fn".split())
 _TOP = ("name", "nodes", "devices_per_node", "device", "links")
+_OPTIONAL_TOP = ("calibration",)
 
 
 class _Reader:
@@ -241,7 +249,7 @@ class _Reader:
         self.path, self.marks = path, marks
 
     def cluster(self, d: Any) -> Cluster:
-        self.mapping(d, (), _TOP)
+        self.mapping(d, (), _TOP, _OPTIONAL_TOP)
         nodes = self.count(d["nodes"], ("nodes",))
         dev = self.mapping(d["device"], ("device",), ("name", "memory", "flops"),
                            ("memory_bandwidth",))
@@ -265,9 +273,11 @@ class _Reader:
             inter = intra
         else:
             self.fail(("links", "inter_node"), f"missing key (required when nodes is {nodes})")
+        calibration = read_calibration(d["calibration"], self.fail) \
+            if "calibration" in d else None
         return Cluster(self.string(d["name"], ("name",)), nodes,
                        self.count(d["devices_per_node"], ("devices_per_node",)), device,
-                       intra, inter)
+                       intra, inter, calibration)
 
     def link(self, d: Any, keys: tuple[str, ...]) -> Link:
         self.mapping(d, keys, ("bandwidth", "latency"))

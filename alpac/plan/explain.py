@@ -12,7 +12,7 @@ from rich.table import Table
 from alpac.errors import UserError
 from alpac.plan.io import load_plan
 from alpac.plan.program import Role
-from alpac.units import si
+from alpac.units import duration, si
 
 
 def load(plan_dir: str | Path) -> dict:
@@ -39,7 +39,7 @@ def render(plan: dict, plan_dir: Path, console: Console, pattern: str | None,
     console.print(f"[bold]{plan['source']['file']}[/] ({plan['source']['module']}) on "
                   f"[bold]{plan['cluster']['name']}[/]: {len(plan['stages'])} stage(s), "
                   f"{plan['num_micro_batches']} microbatch(es)")
-    console.print(f"  estimated iteration {_seconds(est.get('iteration_time_s', 0))}, peak "
+    console.print(f"  estimated iteration {duration(est.get('iteration_time_s', 0))}, peak "
                   f"{si(est.get('peak_memory_bytes', 0))}B per device")
     for what in ("pipelining", "microbatching"):
         if reason := (plan.get(what) or {}).get("refused"):
@@ -78,7 +78,7 @@ def _pipeline_picture(plan: dict, console: Console) -> None:
                 cells.append(f"[{color}]{'FB'[what == Role.BACKWARD]}{m % 10}[/]")
         console.print(f"  stage {s} │" + "".join(c if "·" not in c else c + " "
                                                for c in cells)
-                      + f"│ {_seconds(stage['estimate']['time_per_microbatch_s'])}/mb")
+                      + f"│ {duration(stage['estimate']['time_per_microbatch_s'])}/mb")
 
 
 def _weight_update(entry: dict, console: Console) -> None:
@@ -93,8 +93,8 @@ def _weight_update(entry: dict, console: Console) -> None:
     console.print(f"weight update {verb} (zero={entry['zero']}): {len(entry['rewritten'])} of "
                   f"{entry['optimizer_state_params']} optimizer-state parameters split "
                   f"({entry.get('already_split', 0)} before)"
-                  + (f"; time {_seconds(entry['time_before_s'])} -> "
-                     f"{_seconds(entry['time_after_s'])}, peak "
+                  + (f"; time {duration(entry['time_before_s'])} -> "
+                     f"{duration(entry['time_after_s'])}, peak "
                      f"{si(entry['peak_memory_before_bytes'])}B -> "
                      f"{si(entry['peak_memory_after_bytes'])}B per device"
                      if "time_after_s" in entry else "")
@@ -118,9 +118,11 @@ def render_stage(stage: dict, plan_dir: Path, console: Console, pattern: str | N
                   + (" — weights and optimizer state stored split (ZeRO-3: the model would "
                      "not fit otherwise)" if stage.get("weights_stored_split") else ""))
     _mesh_map(mesh, console)
-    console.print(f"time {_seconds(e['time_s'])} (compute {_seconds(e['compute_s'])}, "
-                  f"communication {_seconds(e['communication_s'])}), peak memory "
+    console.print(f"time {duration(e['time_s'])} (compute {duration(e['compute_s'])}, "
+                  f"communication {duration(e['communication_s'])}), peak memory "
                   f"{si(e['peak_memory_bytes'])}B per device")
+    if stage.get("remat"):
+        console.print(_remat_line(stage["remat"], e))
     solve = ilp.get("solve_time_s")
     before, after = ilp["graph_before_reduction"], ilp["graph_after_reduction"]
     console.print(f"ILP: {ilp['status']}, gap {ilp['gap']:.2%}, "
@@ -134,7 +136,7 @@ def render_stage(stage: dict, plan_dir: Path, console: Console, pattern: str | N
         for col in ("kind", "count", "bytes", "seconds"):
             table.add_column(col, justify="left" if col == "kind" else "right")
         for kind, c in stage["collectives"].items():
-            table.add_row(kind, str(c["count"]), f"{si(c['bytes'])}B", _seconds(c["seconds"]))
+            table.add_row(kind, str(c["count"]), f"{si(c['bytes'])}B", duration(c["seconds"]))
         console.print(table)
     if update is not None:
         _weight_update(update, console)
@@ -159,6 +161,18 @@ def render_stage(stage: dict, plan_dir: Path, console: Console, pattern: str | N
     console.print(table)
 
 
+def _remat_line(remat: dict[str, str], e: dict) -> str:
+    """Which layers recompute how, and what a microbatch in flight then keeps."""
+    by_mode: dict[str, list[int]] = {}
+    for layer, mode in remat.items():
+        by_mode.setdefault(mode, []).append(int(layer))
+    parts = [f"{mode} (layers {_ranges(sorted(layers))})" for mode, layers in by_mode.items()]
+    kept = e.get("activation_bytes_per_microbatch")
+    return ("recomputation in the backward: " + "; ".join(parts)
+            + (f" — keeps {si(kept)}B per microbatch, {e['microbatches_in_flight']} in flight"
+               if kept is not None else ""))
+
+
 def _mesh_map(mesh: dict, console: Console) -> None:
     """The logical mesh as a grid of device ids (the last axis across)."""
     shape = mesh["logical_shape"]
@@ -178,14 +192,6 @@ def _ranges(ids: list[int]) -> str:
     if ids == list(range(ids[0], ids[0] + len(ids))):
         return f"{ids[0]}–{ids[-1]}" if len(ids) > 1 else str(ids[0])
     return ",".join(map(str, ids))
-
-
-def _seconds(s: float) -> str:
-    if s >= 1:
-        return f"{s:.3g} s"
-    if s >= 1e-3:
-        return f"{s * 1e3:.3g} ms"
-    return f"{s * 1e6:.3g} µs"
 
 
 def verify(plan: dict, plan_dir: Path, console: Console) -> bool:

@@ -8,6 +8,7 @@ mix, and a failed compile leaves the old plan untouched.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -60,6 +61,13 @@ def write_plan_dir(out_dir: str | Path, plan: dict, artifacts: dict[str, str],
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def plan_identity(plan: dict) -> dict:
+    """What ties a run's report to the plan it ran: the hashes of the source and the program."""
+    program = dumps(plan.get("program")).encode()
+    return {"source_sha256": (plan.get("source") or {}).get("sha256"),
+            "program_sha256": hashlib.sha256(program).hexdigest()}
 
 
 def load_plan(plan_dir: str | Path) -> tuple[dict, dict]:

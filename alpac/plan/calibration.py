@@ -1,0 +1,169 @@
+"""Measured cost tables of a cluster (the `calibration:` section of cluster.yaml, written by
+`alpac calibrate`): what programs get, not what the hardware promises.
+
+Peak FLOP/s and link bandwidth overstate what a program gets: large matmuls run at a fraction
+of peak, small ones are bound by launching them, elementwise work by memory, collectives by a
+size-dependent share of the link. Each table is [size, seconds] rows (size ascending: FLOPs
+for dots, bytes otherwise) of work inside one module execution (launching the module is
+`launch_s`, counted per execution). A size between two rows is interpolated in log-log space
+(a power law between neighbours), a size past the last row costs the last row's throughput
+(seconds grow in proportion), and one below the first row follows the first segment's power
+law, its exponent kept within [0, 1] (never cheaper per byte than larger work, never below
+zero).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field
+
+COLLECTIVE_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all",
+                    "collective-permute")
+LINK_KINDS = ("intra_node", "inter_node")
+
+
+@dataclass(frozen=True)
+class Table:
+    """Seconds against a size, from measured rows."""
+
+    sizes: tuple[float, ...]
+    seconds: tuple[float, ...]
+
+    def __call__(self, size: float) -> float:
+        if size <= 0:
+            return 0.0
+        xs, ys = self.sizes, self.seconds
+        if len(xs) == 1 or size >= xs[-1]:
+            return ys[-1] * size / xs[-1]
+        if size <= xs[0]:
+            slope = min(max(_slope(xs[0], ys[0], xs[1], ys[1]), 0.0), 1.0)
+            return ys[0] * (size / xs[0]) ** slope
+        k = bisect.bisect_right(xs, size) - 1
+        slope = _slope(xs[k], ys[k], xs[k + 1], ys[k + 1])
+        return ys[k] * (size / xs[k]) ** slope
+
+    def to_rows(self) -> list[list[float]]:
+        return [[x, y] for x, y in zip(self.sizes, self.seconds)]
+
+
+def _slope(x0: float, y0: float, x1: float, y1: float) -> float:
+    return math.log(y1 / y0) / math.log(x1 / x0)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Every table `alpac calibrate` measures; any may be missing (then the roofline and the
+    alpha-beta links price that work)."""
+
+    source: str = ""
+    launch_s: float = 0.0  # launching one module execution and waiting for it
+    dot: dict[str, Table] = field(default_factory=dict)  # element type -> FLOPs table
+    elementwise: Table | None = None  # bytes read + written by a fused elementwise chain
+    reduce: Table | None = None  # bytes read
+    # link kind -> collective kind -> group size -> bytes table
+    collectives: dict[str, dict[str, dict[int, Table]]] = field(default_factory=dict)
+    send: dict[str, Table] = field(default_factory=dict)  # link kind -> bytes table
+
+    def dot_seconds(self, flops: float, dtype: str) -> float | None:
+        table = self.dot.get(dtype) or self.dot.get("f32")
+        return None if table is None else table(flops)
+
+    def collective_seconds(self, link: str, kind: str, group: int, nbytes: float,
+                           ring) -> float | None:
+        """From the table of this group size, or of the nearest measured one scaled by the
+        ring formula `ring(n)` (the alpha-beta estimate for a group of n)."""
+        by_group = self.collectives.get(link, {}).get(kind)
+        if not by_group:
+            return None
+        if group in by_group:
+            return by_group[group](nbytes)
+        near = min(by_group, key=lambda n: (abs(math.log(n / group)), n))
+        return by_group[near](nbytes) * ring(group) / ring(near)
+
+    def to_dict(self) -> dict:
+        out: dict = {"source": self.source, "launch_s": self.launch_s}
+        if self.dot:
+            out["dot"] = {t: table.to_rows() for t, table in self.dot.items()}
+        for name in ("elementwise", "reduce"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name).to_rows()
+        if self.collectives:
+            out["collectives"] = {link: {kind: {n: t.to_rows() for n, t in groups.items()}
+                                         for kind, groups in kinds.items()}
+                                  for link, kinds in self.collectives.items()}
+        if self.send:
+            out["send"] = {link: t.to_rows() for link, t in self.send.items()}
+        return out
+
+
+def read_calibration(d, fail) -> Calibration:
+    """The section as loaded from YAML; `fail(keys, message)` reports a mistake."""
+    keys = ("calibration",)
+    _mapping(d, keys, ("source", "launch_s", "dot", "elementwise", "reduce", "collectives",
+                       "send"), fail)
+    try:
+        launch = _number(d.get("launch_s", 0.0))
+    except (TypeError, ValueError):
+        launch = -1.0
+    if not 0 <= launch < math.inf:
+        fail(keys + ("launch_s",), f"expected non-negative seconds, got {d['launch_s']!r}")
+    dot = {str(t): _table(rows, keys + ("dot", str(t)), fail)
+           for t, rows in _mapping(d.get("dot", {}), keys + ("dot",), None, fail).items()}
+    collectives = {}
+    for link, kinds in _mapping(d.get("collectives", {}), keys + ("collectives",), LINK_KINDS,
+                                fail).items():
+        where = keys + ("collectives", link)
+        collectives[link] = {
+            kind: {_group(n, where + (kind, str(n)), fail): _table(rows, where + (kind, str(n)),
+                                                                   fail)
+                   for n, rows in _mapping(groups, where + (kind,), None, fail).items()}
+            for kind, groups in _mapping(kinds, where, COLLECTIVE_KINDS, fail).items()}
+    send = {link: _table(rows, keys + ("send", link), fail)
+            for link, rows in _mapping(d.get("send", {}), keys + ("send",), LINK_KINDS,
+                                       fail).items()}
+    return Calibration(str(d.get("source", "")), float(launch), dot,
+                       _optional_table(d, "elementwise", fail),
+                       _optional_table(d, "reduce", fail), collectives, send)
+
+
+def _mapping(d, keys, allowed, fail) -> dict:
+    if not isinstance(d, dict):
+        fail(keys, "expected a mapping")
+    for k in d:
+        if allowed is not None and k not in allowed:
+            fail(keys + (str(k),), f"unknown key '{k}'; allowed: {', '.join(allowed)}")
+    return d
+
+
+def _group(n, keys, fail) -> int:
+    """A group size: an integer >= 2 (a string of digits in plan.json's JSON copy)."""
+    size = int(n) if isinstance(n, str) and n.isdigit() else n
+    if isinstance(size, bool) or not isinstance(size, int) or size < 2:
+        fail(keys, f"expected a group size (an integer >= 2), got {n!r}")
+    return size
+
+
+def _optional_table(d: dict, name: str, fail) -> Table | None:
+    return _table(d[name], ("calibration", name), fail) if name in d else None
+
+
+def _table(rows, keys, fail) -> Table:
+    """[[size, seconds], ...], sizes strictly ascending, every figure positive."""
+    try:
+        pairs = [(_number(r[0]), _number(r[1])) for r in rows if len(r) == 2]
+    except (TypeError, ValueError, KeyError):
+        pairs = []
+    if not pairs or len(pairs) != len(rows) or not all(
+            x > 0 and y > 0 and math.isfinite(x) and math.isfinite(y) for x, y in pairs):
+        fail(keys, "expected a list of [size, seconds] rows of positive numbers")
+    if any(b[0] <= a[0] for a, b in zip(pairs, pairs[1:])):
+        fail(keys, "sizes must be strictly ascending")
+    return Table(tuple(x for x, _ in pairs), tuple(y for _, y in pairs))
+
+
+def _number(v) -> float:
+    """A YAML number, or a string YAML 1.1 leaves unparsed (`1e6`, `2.5e9`)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        raise TypeError(v)
+    return float(v)

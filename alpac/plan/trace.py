@@ -1,0 +1,242 @@
+"""Timelines as Chrome trace-event files (ui.perfetto.dev, chrome://tracing): the file format,
+shared by `alpa-run --trace` (measured), and the schedule a plan predicts (`alpac explain
+--trace`), so the two open alike.
+
+The format is the JSON object form: `{"traceEvents": [...], "displayTimeUnit": "ms"}`, one
+complete event (`"ph": "X"`, `ts` and `dur` in microseconds) per task and metadata events
+(`"ph": "M"`) naming the process and each track (a thread of it). Tracks are ranks (measured)
+or stages (predicted); events of one track never overlap.
+
+The prediction: every stage runs its tasks in the order of `schedule.stage_tasks`; a task
+starts when the stage's previous task is done and its inputs are ready (a forward needs the
+previous stage's forward of the microbatch and the transfer of its activations, a backward the
+next stage's backward and the transfer of its gradients). The updates run once the pipeline
+has drained, as the plan's formula (`schedule.step_seconds`) prices them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from alpac.errors import UserError
+from alpac.plan.program import Role
+from alpac.plan.schedule import stage_tasks
+
+# plan.json gives one time per microbatch and stage, not split into forward and backward: a
+# backward computes two products (gradients of activations and of weights) per forward one.
+FORWARD_SHARE = 1 / 3
+# distinct processes, so that a measured and a predicted file concatenate into one trace
+MEASURED_PID, PREDICTED_PID = 1, 2
+
+
+@dataclass(frozen=True)
+class Span:
+    """One task on one track; times in seconds from the start of the trace."""
+    track: int
+    name: str
+    category: str
+    start: float
+    end: float
+    args: dict = field(default_factory=dict)
+
+
+def chrome_trace(process: str, tracks: dict[int, str], spans: list[Span], pid: int) -> dict:
+    """The trace-event object: the process and its tracks named, then the spans."""
+    events = [{"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+               "args": {"name": process}}]
+    for tid, name in sorted(tracks.items()):
+        events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
+                       "args": {"name": name}})
+        events.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
+                       "args": {"sort_index": tid}})
+    for s in sorted(spans, key=lambda s: (s.track, s.start, s.end)):
+        ts = _microseconds(s.start)
+        dur = max(round(_microseconds(s.end) - ts, 3), 0.0)
+        events.append({"ph": "X", "name": s.name, "cat": s.category, "ts": ts, "dur": dur,
+                       "pid": pid, "tid": s.track, "args": s.args})
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def task_name(role: str, m: int | None) -> str:
+    """`F3`, `B3` (forward, backward of microbatch 3), else the role: as `alpac explain` draws."""
+    if role in (Role.FORWARD, Role.BACKWARD) and m is not None:
+        return f"{role[0].upper()}{m}"
+    return str(role) if m is None else f"{role} {m}"
+
+
+def _microseconds(seconds: float) -> float:
+    return round(seconds * 1e6, 3)
+
+
+def write_trace(trace: dict, path: Path) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(trace) + "\n")
+    except OSError as e:
+        raise UserError(f"cannot write the trace: {e.strerror}", path=str(path)) from None
+
+
+# ---- the predicted schedule -----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Prediction:
+    tracks: dict[int, str]  # stage -> track name
+    spans: list[Span]
+    iteration_s: float
+
+
+def _pipelined(plan: dict) -> bool:
+    return all("time_per_microbatch_s" in s["estimate"] for s in plan["stages"])
+
+
+def _stage_meshes(plan: dict) -> dict[int, int]:
+    """Stage index -> the program's mesh of its modules."""
+    found = {m["stage"]: m["mesh"] for m in plan.get("program", {}).get("modules", [])}
+    return {s["index"]: found.get(s["index"], s["index"]) for s in plan["stages"]}
+
+
+def module_estimates(plan: dict, forward_share: float = FORWARD_SHARE) -> dict[str, float]:
+    """Module name -> estimated seconds per execution (of the modules the plan prices)."""
+    by_stage = {s["index"]: s["estimate"] for s in plan["stages"]}
+    share = forward_share if _has_backward(plan) else 1.0
+    out = {}
+    for m in plan.get("program", {}).get("modules", []):
+        est = by_stage.get(m["stage"], {})
+        t = est.get("time_per_microbatch_s")
+        if t is not None and m["role"] in (Role.FORWARD, Role.BACKWARD):
+            seconds = t * share if m["role"] == Role.FORWARD else t * (1 - share)
+        else:
+            step = est.get("time_s")
+            seconds = {Role.APPLY: est.get("apply_s"),
+                       Role.STEP: None if step is None else step + launch_seconds(plan)}.get(
+                m["role"])
+        if seconds is not None:
+            out[m["name"]] = seconds
+    return out
+
+
+def launch_seconds(plan: dict) -> float:
+    """Launching one module execution, on a calibrated cluster (in the pipelined figures
+    already)."""
+    return (plan["cluster"].get("calibration") or {}).get("launch_s", 0.0)
+
+
+def stage_busy_estimate(plan: dict, stage: dict) -> float:
+    """Seconds a stage computes per iteration: every microbatch and its update."""
+    est = stage["estimate"]
+    if "time_per_microbatch_s" not in est:
+        return est["time_s"] + launch_seconds(plan)
+    return plan["num_micro_batches"] * est["time_per_microbatch_s"] + est.get("apply_s", 0.0)
+
+
+def predict(plan: dict, forward_share: float = FORWARD_SHARE,
+            transfers: bool = True) -> Prediction:
+    """The plan's schedule in time; `transfers=False` leaves out the time between meshes (the
+    plan's formula does)."""
+    meshes = _stage_meshes(plan)
+    devices = {s["index"]: s["mesh"]["devices"] for s in plan["stages"]}
+    tracks = {i: f"stage {i} (mesh {meshes[i]}: devices {_devices(devices[i])})"
+              for i in sorted(meshes)}
+    if not _pipelined(plan):
+        spans, t = [], 0.0
+        for s in plan["stages"]:  # one module per step (a one-stage plan)
+            end = t + s["estimate"]["time_s"] + launch_seconds(plan)
+            spans.append(Span(s["index"], "step", Role.STEP, t, end, {"stage": s["index"]}))
+            t = spans[-1].end
+        return Prediction(tracks, spans, t)
+    hops = _hop_seconds(plan, meshes) if transfers else {}
+    spans = _pipeline_spans(plan, forward_share, hops)
+    drained = max((s.end for s in spans), default=0.0)
+    for s in plan["stages"]:
+        apply = s["estimate"].get("apply_s", 0.0)
+        if apply > 0:
+            spans.append(Span(s["index"], "apply", Role.APPLY, drained, drained + apply,
+                              {"stage": s["index"]}))
+    return Prediction(tracks, spans, max((s.end for s in spans), default=0.0))
+
+
+def predicted_trace(plan: dict, title: str) -> tuple[dict, float]:
+    """The trace-event object of the plan's predicted schedule, and its iteration seconds."""
+    p = predict(plan)
+    return chrome_trace(title, p.tracks, p.spans, PREDICTED_PID), p.iteration_s
+
+
+def _has_backward(plan: dict) -> bool:
+    return any(m["role"] == Role.BACKWARD for m in plan.get("program", {}).get("modules", []))
+
+
+def _pipeline_spans(plan: dict, forward_share: float, hops: dict) -> list[Span]:
+    """Each stage's tasks in schedule order, each once the stage is free and its inputs are."""
+    stages = sorted(plan["stages"], key=lambda s: s["index"])
+    S, B = len(stages), plan["num_micro_batches"]
+    share = forward_share if _has_backward(plan) else 1.0
+    kind = plan.get("program", {}).get("schedule", "1f1b")
+    order = stage_tasks(S, B, kind, _has_backward(plan))
+    seconds = [{Role.FORWARD: t * share, Role.BACKWARD: t * (1 - share)}
+               for t in (s["estimate"]["time_per_microbatch_s"] for s in stages)]
+    done: dict[tuple, float] = {}
+    free, pos, spans = [0.0] * S, [0] * S, []
+    while any(pos[i] < len(order[i]) for i in range(S)):
+        moved = False
+        for i in range(S):
+            while pos[i] < len(order[i]):
+                role, m = order[i][pos[i]]
+                ready = _ready_at(i, role, m, S, done, hops)
+                if ready is None:
+                    break
+                start = max(free[i], ready)
+                free[i] = done[(i, role, m)] = start + seconds[i][role]
+                spans.append(Span(i, task_name(role, m), role, start, free[i],
+                                  {"stage": i, "role": str(role), "microbatch": m}))
+                pos[i] += 1
+                moved = True
+        if not moved:
+            raise AssertionError(f"schedule {kind} deadlocks")  # cannot happen for KINDS
+    return spans
+
+
+def _ready_at(i: int, role: str, m: int, S: int, done: dict, hops: dict) -> float | None:
+    """When task (role, m) of stage i has its inputs (None: not yet known)."""
+    if role == Role.FORWARD:
+        needs = [] if i == 0 else [(i - 1, Role.FORWARD, m, i - 1, i)]
+    else:
+        needs = [(i, Role.FORWARD, m, i, i)]
+        if i < S - 1:
+            needs.append((i + 1, Role.BACKWARD, m, i + 1, i))
+    times = []
+    for j, r, mb, src, dst in needs:
+        if (j, r, mb) not in done:
+            return None
+        times.append(done[(j, r, mb)] + hops.get((src, dst), 0.0))
+    return max(times, default=0.0)
+
+
+def _hop_seconds(plan: dict, meshes: dict[int, int]) -> dict[tuple[int, int], float]:
+    """(source stage, destination stage) -> seconds to move one microbatch's values: per value
+    the link's latency plus bytes over its bandwidth (the cluster's figures in plan.json)."""
+    cluster = plan.get("cluster", {})
+    links = cluster.get("links", {})
+    per_node = cluster.get("devices_per_node") or 1
+    program = plan.get("program", {})
+    mesh_devices = [m["devices"] for m in program.get("meshes", [])]
+    stage_of = {mesh: stage for stage, mesh in meshes.items()}
+    out: dict[tuple[int, int], float] = {}
+    for t in program.get("transfers", []):
+        src, dst = stage_of.get(t["src_mesh"]), stage_of.get(t["dst_mesh"])
+        if t.get("scope") != "microbatch" or src is None or dst is None:
+            continue
+        nodes = {d // per_node for mesh in (t["src_mesh"], t["dst_mesh"])
+                 for d in mesh_devices[mesh]}
+        link = links.get("intra_node" if len(nodes) == 1 else "inter_node", {})
+        bandwidth = link.get("bandwidth") or float("inf")
+        out[(src, dst)] = out.get((src, dst), 0.0) + link.get("latency", 0.0) \
+            + t["bytes"] / bandwidth
+    return out
+
+
+def _devices(devices: list[int]) -> str:
+    if len(devices) > 2 and devices == list(range(devices[0], devices[-1] + 1)):
+        return f"{devices[0]}-{devices[-1]}"
+    return ",".join(map(str, devices))

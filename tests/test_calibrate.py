@@ -1,0 +1,100 @@
+"""`alpac calibrate` as a user runs it: the quick grid on 2 ranks of 2 devices writes a
+cluster file the cluster reader loads, with every table of the schema ascending and positive,
+and `--check` re-measures it; a file that no longer matches fails the check (exit 1); bad
+usage is one line (exit 2). About a minute: two launches of 2 ranks, one of 1.
+
+The check here allows 100x either way (it still catches a unit or a size mapped wrongly), not
+the default 50%: this machine's 2 cores are shared with other jobs, under whose load a table
+drifts by 1.3-3x, and gloo's small collectives between ranks by up to 30x (0.1 ms back to
+back on an idle machine, a scheduler tick of 4 ms under load; both seen while writing this).
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import yaml
+from test_cli import assert_one_line_error, run
+
+from alpac.plan.cluster import load_cluster
+
+KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+
+
+def tables(cal: dict) -> dict[str, list]:
+    """Every [size, seconds] table of a calibration section, by its key path."""
+    out = {f"dot.{t}": rows for t, rows in cal["dot"].items()}
+    out |= {name: cal[name] for name in ("elementwise", "reduce")}
+    out |= {f"collectives.{link}.{kind}.{g}": rows
+            for link, kinds in cal["collectives"].items()
+            for kind, groups in kinds.items() for g, rows in groups.items()}
+    return out | {f"send.{link}": rows for link, rows in cal["send"].items()}
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory):
+    path = tmp_path_factory.mktemp("calibrate") / "cluster.yaml"
+    result = run("calibrate", "--quick", "--devices-per-rank", "2", "-o", path, "--", "np", "2")
+    assert result.returncode == 0, result.stderr + result.stdout
+    assert "calibrated cluster written to" in result.stdout
+    return path
+
+
+def test_quick_calibration_loads_and_is_complete(calibrated):
+    cluster = load_cluster(calibrated)
+    assert (cluster.nodes, cluster.devices_per_node) == (2, 2)
+    assert set(cluster.device.flops) == {"f32", "bf16"}
+    assert cluster.device.memory_bandwidth > 0 and cluster.inter_node.latency > 0
+    text = calibrated.read_text()
+    assert text.startswith("# Measured by `alpac calibrate --quick")
+    cal = yaml.safe_load(text)["calibration"]
+    assert cal["launch_s"] > 0 and "2 ranks x 2 devices" in cal["source"]
+    found = tables(cal)
+    expected = {"dot.f32", "dot.bf16", "elementwise", "reduce", "send.intra_node",
+                "send.inter_node"}
+    expected |= {f"collectives.intra_node.{kind}.2" for kind in KINDS}
+    expected |= {f"collectives.inter_node.{kind}.2" for kind in KINDS}
+    assert set(found) == expected
+    for name, rows in found.items():
+        sizes, seconds = [r[0] for r in rows], [r[1] for r in rows]
+        assert len(rows) >= 2 and all(isinstance(s, int) and s > 0 for s in sizes), name
+        assert sizes == sorted(set(sizes)), name
+        assert all(s > 0 for s in seconds) and seconds == sorted(seconds), name
+
+
+def test_check_of_a_fresh_calibration_passes(calibrated):
+    result = run("calibrate", "--check", calibrated, "--tolerance", "99", "--", "np", "2")
+    assert result.returncode == 0, result.stderr + result.stdout
+    assert "calibration check passed: 17 tables within 9900%" in result.stdout
+    assert "collectives.inter_node.all-to-all.2" in result.stdout
+
+
+def test_check_fails_on_drift(tmp_path):
+    path = tmp_path / "fast.yaml"
+    path.write_text(textwrap.dedent("""\
+        name: impossibly-fast
+        nodes: 1
+        devices_per_node: 1
+        device: {name: cpu, memory: 1GiB, flops: {f32: 1e15}}
+        links:
+          intra_node: {bandwidth: 1e12, latency: 1e-9}
+        calibration:
+          launch_s: 1.0e-9
+          dot:
+            f32: [[65536, 1.0e-9], [4194304, 1.0e-8]]
+        """))
+    result = run("calibrate", "--check", path)
+    assert_one_line_error(result, "check failed: 2 of 2 tables drifted by more than 50%",
+                          "dot.f32", code=1)
+    assert "launch_s" in result.stdout
+
+
+def test_usage_errors(tmp_path, calibrated):
+    assert_one_line_error(run("calibrate", "--", "np", "2"), "either -o FILE")
+    assert_one_line_error(run("calibrate", "-o", tmp_path / "no" / "such.yaml"),
+                          "its directory does not exist")
+    assert_one_line_error(run("calibrate", "--check", calibrated, "--", "np", "3"),
+                          "measured with 2 ranks x 2 devices, not 3 x 2")
+    assert_one_line_error(run("calibrate", "--check", tmp_path / "missing.yaml"),
+                          "no such file")

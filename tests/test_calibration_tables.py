@@ -1,0 +1,105 @@
+"""Measured tables in cluster.yaml (`calibration:`) and how the cost model prices with them:
+interpolation, the fallbacks, and the launch overhead in a plan's estimate."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from alpac.analysis.costmodel import CostModel
+from alpac.errors import UserError
+from alpac.plan.calibration import Table
+from alpac.plan.cluster import load_cluster
+from alpac.plan.mesh import LogicalMesh
+
+MODELS = Path(__file__).resolve().parent.parent / "testdata" / "models"
+CLUSTER = """\
+name: calibrated
+nodes: 2
+devices_per_node: 2
+device: {name: cpu, memory: 1GiB, flops: {f32: 20e9}}
+links:
+  intra_node: {bandwidth: 10GB/s, latency: 2us}
+  inter_node: {bandwidth: 1GB/s, latency: 50us}
+calibration:
+  source: a test
+  launch_s: LAUNCH
+  dot:
+    f32: [[1e6, 1.0e-4], [1e9, 2.0e-2]]
+  elementwise: [[1e3, 5.0e-5], [1e7, 2.0e-3]]
+  collectives:
+    inter_node:
+      all-reduce: {2: [[1024, 1.0e-4], [1048576, 5.0e-3]]}
+  send:
+    inter_node: [[1024, 8.0e-5], [1048576, 3.0e-3]]
+"""
+
+
+def cluster(tmp_path, launch: float = 1e-4, text: str = CLUSTER):
+    path = tmp_path / "c.yaml"
+    path.write_text(text.replace("LAUNCH", repr(launch)))
+    return path
+
+
+def test_tables_interpolate_in_log_space_and_extrapolate_at_the_end_throughput():
+    t = Table((1e3, 1e6), (1e-5, 1e-3))
+    assert t(1e3) == pytest.approx(1e-5) and t(1e6) == pytest.approx(1e-3)
+    assert t(math.sqrt(1e3 * 1e6)) == pytest.approx(math.sqrt(1e-5 * 1e-3))  # a power law
+    assert t(4e6) == pytest.approx(4e-3)  # past the end: the last row's throughput
+    slope = math.log(100) / math.log(1000)
+    assert t(10) == pytest.approx(1e-5 * (10 / 1e3) ** slope)
+    flat = Table((1e3, 1e6), (1e-5, 1e-6))  # a falling first segment: held flat below it
+    assert flat(10) == pytest.approx(1e-5)
+
+
+def test_the_cost_model_prices_from_the_tables_where_it_has_them(tmp_path):
+    c = load_cluster(cluster(tmp_path))
+    across = CostModel(c, LogicalMesh((2, 2), (0, 1, 2, 3)))  # axis 0 crosses the nodes
+    assert across.collective("all-reduce", 1024, (0,)) == pytest.approx(1e-4)
+    # a group size not measured: the nearest measured one, scaled by the ring formula
+    four = across.collective("all-reduce", 1048576, (0, 1))
+    ring = lambda n: 2 * ((n - 1) * 50e-6 + (n - 1) / n * 1048576 / 1e9)  # noqa: E731
+    assert four == pytest.approx(5e-3 * ring(4) / ring(2))
+    # no table for this kind or link: the alpha-beta formula
+    assert across.collective("all-gather", 1e6, (1,)) == pytest.approx(2e-6 + 0.5 * 1e6 / 10e9)
+    # work inside a module: the table as measured (the launch is counted per module run)
+    assert across.compute(1e9, 1e6, "f32", "dot") == pytest.approx(2e-2)
+    slope = math.log(2e-2 / 1e-4) / math.log(1e9 / 1e6)
+    assert across.compute(1e3, 1e3, "f32", "dot") == pytest.approx(1e-4 * 1e-3 ** slope)
+    assert across.compute(1e6, 1e7, "f32") == pytest.approx(2e-3)
+    assert across.send(1024, 0, 2) == pytest.approx(8e-5)
+    assert across.send(1024, 0, 1) == pytest.approx(2e-6 + 1024 / 10e9)  # intra: no table
+    assert across.launch_seconds == 1e-4
+
+
+@pytest.mark.parametrize("bad, message", [
+    ("    f32: [[1e6, 1.0e-4], [1e5, 2.0e-2]]", "calibration.dot.f32: sizes must be strictly"),
+    ("    f32: [[1e6, -1]]", "calibration.dot.f32: expected a list of [size, seconds]"),
+    ("    f32: oops", "calibration.dot.f32: expected a list of [size, seconds]"),
+])
+def test_a_wrong_table_is_named_with_its_line(tmp_path, bad, message):
+    text = CLUSTER.replace("    f32: [[1e6, 1.0e-4], [1e9, 2.0e-2]]", bad)
+    with pytest.raises(UserError, match=r"c\.yaml:12:") as e:
+        load_cluster(cluster(tmp_path, text=text))
+    assert message in str(e.value)
+
+
+def test_the_launch_overhead_is_in_the_estimate(tmp_path):
+    iteration = []
+    for launch in (1e-4, 5e-3):
+        out = tmp_path / f"plan-{launch}"
+        done = subprocess.run([sys.executable, "-m", "alpac.cli", "compile",
+                               str(MODELS / "mlp_train.hlo"), "--cluster",
+                               str(cluster(tmp_path, launch)), "--mesh", "4", "-o", str(out)],
+                              capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        plan = json.loads((out / "plan.json").read_text())
+        assert plan["cluster"]["calibration"]["launch_s"] == launch
+        iteration.append(plan["estimate"]["iteration_time_s"] - plan["stages"][0]["estimate"]
+                         ["time_s"])
+    assert iteration == pytest.approx([1e-4, 5e-3])

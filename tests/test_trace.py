@@ -1,0 +1,173 @@
+"""Timelines and predicted against measured: `alpa-run --trace` and `alpac explain --trace`
+write trace-event JSON that Perfetto and chrome://tracing load (checked against the format's
+rules), `alpac explain --against` compares a run's report with the plan and refuses another
+plan's, and the predicted schedule agrees with the plan's one pipeline formula where that
+formula is exact.
+
+One two-stage plan of the MLP step (4 microbatches, 1F1B) is compiled and run once per module.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, TESTDATA
+
+from alpac.plan.schedule import step_seconds
+from alpac.plan.trace import predict
+
+BIN = Path(sys.executable).parent
+B = 4
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """The compiled plan and its alpa-run report and trace (2 iterations, 2 ranks x 4)."""
+    root = tmp_path_factory.mktemp("trace")
+    plan = root / "plan"
+    subprocess.run([str(BIN / "alpac"), "compile", str(TESTDATA / "models" / "mlp_train.hlo"),
+                    "--cluster", str(TESTDATA / "clusters" / "local-cpu.yaml"),
+                    "--stages", "0-0,1-1", "--micro-batches", str(B), "-o", str(plan)],
+                   check=True, capture_output=True, timeout=300)
+    r = subprocess.run([str(BIN / "alpa-run"), str(plan), "--iters", "2", "--devices-per-rank",
+                        "4", "--report", str(root / "report.json"), "--trace",
+                        str(root / "trace.json"), "--", "np", "2"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "timeline written to" in r.stdout
+    return {"root": root, "plan": plan, "report": root / "report.json",
+            "trace": root / "trace.json"}
+
+
+def alpac(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / "alpac"), *map(str, args)], capture_output=True,
+                          text=True, cwd=ROOT, timeout=300)
+
+
+def validate_trace(trace: dict) -> dict[tuple[int, int], list[dict]]:
+    """The trace-event rules Perfetto and chrome://tracing rely on; the complete events by
+    track."""
+    assert set(trace) == {"traceEvents", "displayTimeUnit"} and trace["displayTimeUnit"] == "ms"
+    processes, threads, tracks = set(), set(), {}
+    for e in trace["traceEvents"]:
+        assert e["ph"] in ("X", "M"), e
+        assert isinstance(e["name"], str) and isinstance(e["pid"], int) and \
+            isinstance(e["tid"], int) and isinstance(e["args"], dict), e
+        if e["ph"] == "M":
+            if e["name"] == "process_name":
+                processes.add(e["pid"])
+            elif e["name"] == "thread_name":
+                threads.add((e["pid"], e["tid"]))
+            assert e["name"] in ("process_name", "thread_name", "thread_sort_index"), e
+            continue
+        assert isinstance(e["cat"], str) and e["cat"], e
+        for key in ("ts", "dur"):
+            assert isinstance(e[key], (int, float)) and math.isfinite(e[key]), e
+        assert e["ts"] >= 0 and e["dur"] >= 0, e
+        tracks.setdefault((e["pid"], e["tid"]), []).append(e)
+    assert tracks, "no complete events"
+    for (pid, tid), events in tracks.items():
+        assert pid in processes and (pid, tid) in threads, (pid, tid)
+        events.sort(key=lambda e: e["ts"])
+        for a, b in zip(events, events[1:]):
+            assert a["ts"] + a["dur"] <= b["ts"] + 1e-3, (a, b)  # one track: no overlap
+    json.dumps(trace, allow_nan=False)
+    return tracks
+
+
+def thread_names(trace: dict) -> dict[int, str]:
+    return {e["tid"]: e["args"]["name"] for e in trace["traceEvents"]
+            if e["ph"] == "M" and e["name"] == "thread_name"}
+
+
+def test_measured_trace(run):
+    trace = json.loads(run["trace"].read_text())
+    tracks = validate_trace(trace)
+    assert thread_names(trace) == {0: "rank 0 (mesh 0: stage 0)", 1: "rank 1 (mesh 1: stage 1)"}
+    for (_, rank), events in tracks.items():
+        runs = [e for e in events if e["cat"] in ("forward", "backward", "apply")]
+        assert len(runs) == 2 * (2 * B + 1)  # F and B per microbatch and one update, 2 steps
+        assert {e["args"]["stage"] for e in runs} == {rank}
+        assert sorted(e["name"] for e in runs if e["args"]["iteration"] == 1) == sorted(
+            [f"F{m}" for m in range(B)] + [f"B{m}" for m in range(B)] + ["apply"])
+        assert {"send", "recv"} <= {e["cat"] for e in events}
+    assert any(e["cat"] == "wait" for events in tracks.values() for e in events)
+    report = json.loads(run["report"].read_text())
+    start = min(e["ts"] for e in tracks[(1, 0)] if e["args"]["iteration"] == 1)
+    assert start >= report["iteration_time_s"][0] * 1e6  # iterations one after another
+    modules = {m["name"]: m for m in report["modules"]}
+    assert modules["stage1.forward"]["executions_per_step"] == B
+    assert modules["stage0.apply"]["executions_per_step"] == 1
+    assert all(m["median_s"] > 0 for m in modules.values())
+
+
+def test_predicted_trace(run):
+    out = run["root"] / "predicted.json"
+    r = alpac("explain", run["plan"], "--trace", out)
+    assert r.returncode == 0, r.stderr
+    assert f"predicted timeline written to {out}" in r.stdout.replace("\n", "")
+    assert "shardings" not in r.stdout  # only the trace's line
+    trace = json.loads(out.read_text())
+    tracks = validate_trace(trace)
+    assert thread_names(trace) == {0: "stage 0 (mesh 0: devices 0-3)",
+                                   1: "stage 1 (mesh 1: devices 4-7)"}
+    for events in tracks.values():
+        assert sorted(e["name"] for e in events) == sorted(
+            [f"F{m}" for m in range(B)] + [f"B{m}" for m in range(B)] + ["apply"])
+
+
+def test_against_report(run):
+    r = alpac("explain", run["plan"], "--against", run["report"])
+    assert r.returncode == 0, r.stderr
+    first = r.stdout.splitlines()[0]
+    assert first.startswith("predicted against measured: iteration estimated")
+    for row in ("iteration (median)", "stage 0 busy (mesh 0)", "stage 1 busy (mesh 1)",
+                "stage0.forward (x4)", "stage1.backward (x4)", "stage1.apply (x1)"):
+        assert row in r.stdout, r.stdout
+
+
+def test_against_refuses_another_plans_report(run, tmp_path):
+    report = json.loads(run["report"].read_text())
+    report["program_sha256"] = "0" * 64
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(report))
+    r = alpac("explain", run["plan"], "--against", other)
+    assert r.returncode == 2
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "another plan" in lines[0] and "Traceback" not in r.stderr
+
+
+def _equal_stages(plan: dict, S: int, num_micro_batches: int, kind: str) -> dict:
+    """The plan with S stages of equal time per microbatch and different update times."""
+    q = copy.deepcopy(plan)
+    q["num_micro_batches"], q["program"]["schedule"] = num_micro_batches, kind
+    q["stages"] = [{"index": i, "mesh": {"devices": [i]},
+                    "estimate": {"time_per_microbatch_s": 3e-4, "apply_s": 1e-4 * (i + 1)}}
+                   for i in range(S)]
+    q["program"]["modules"] = [{"name": f"s{i}.{role}", "stage": i, "mesh": i, "role": role}
+                               for i in range(S) for role in ("forward", "backward", "apply")]
+    q["estimate"]["iteration_time_s"] = step_seconds(3e-4 * S, 3e-4, 1e-4 * S,
+                                                     num_micro_batches)
+    return q
+
+
+def test_simulation_agrees_with_the_formula(run):
+    """With forward and backward splitting a stage's time evenly and no time between meshes,
+    the simulated step takes what the 1F1B formula says where the formula is exact: the
+    compiled plan (its slowest stage last) and stages of equal time (for GPipe too)."""
+    plan = json.loads((run["plan"] / "plan.json").read_text())
+    want = plan["estimate"]["iteration_time_s"]
+    assert predict(plan, 0.5, transfers=False).iteration_s == pytest.approx(want, rel=1e-12)
+    assert predict(plan).iteration_s > want  # the transfers between the meshes take time
+    for kind in ("1f1b", "gpipe"):
+        for S in range(1, 5):
+            for mb in (1, 2, 4, 7):
+                q = _equal_stages(plan, S, mb, kind)
+                got = predict(q, 0.5, transfers=False).iteration_s
+                assert got == pytest.approx(q["estimate"]["iteration_time_s"], rel=1e-12)

@@ -123,6 +123,8 @@ def list_passes() -> None:
               "(default: chosen).")
 @click.option("--stages", "stages_spec", help="Pin the pipeline stages as layer ranges, e.g. "
               "0-3,4-7.")
+@click.option("--stage-meshes", help="With --stages: pin each stage's submesh (nodes x devices "
+              "per node), optionally with its logical mesh, e.g. 1x2,1x2,1x4 or 1x4:2x2.")
 @click.option("--jobs", type=int, help="Parallel ILP solves while choosing stages (default: "
               "all cores).")
 @click.option("--strategy", help="A fixed strategy priced by the same model: data-parallel, "
@@ -142,8 +144,9 @@ def compile(model: Path, cluster_path: Path | None, out_dir: Path, passes_spec: 
             skip_pass: tuple[str, ...], dump_after: tuple[str, ...], timings: bool,
             mesh: str | None, memory_budget: str | None, time_limit: float | None,
             batch_args: str | None, micro_batches: int | None, layers: int | None,
-            stages_spec: str | None, jobs: int | None, strategy: str | None,
-            remat: str | None, zero: str, no_reduce_scatter: bool) -> None:
+            stages_spec: str | None, stage_meshes: str | None, jobs: int | None,
+            strategy: str | None, remat: str | None, zero: str,
+            no_reduce_scatter: bool) -> None:
     """Compile MODEL into a plan directory."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, \
         TimeElapsedColumn
@@ -157,7 +160,8 @@ def compile(model: Path, cluster_path: Path | None, out_dir: Path, passes_spec: 
     if batch_args:
         options["batch-analysis"]["batch_args"] = batch_args
     for key, value in (("micro_batches", micro_batches), ("layers", layers),
-                       ("stages", stages_spec), ("jobs", jobs), ("strategy", strategy),
+                       ("stages", stages_spec), ("stage_meshes", stage_meshes), ("jobs", jobs),
+                       ("strategy", strategy),
                        ("remat", remat)):
         if value is not None:
             options["stage-construction"][key] = str(value)

@@ -203,3 +203,29 @@ def test_explain_pipelined_plan_draws_the_schedule(tmp_path):
         assert [cells.count(f"F{m}") for m in range(4)] == [1] * 4
         assert [cells.count(f"B{m}") for m in range(4)] == [1] * 4
     assert "weight update" in shown.stdout
+
+
+def test_stage_meshes_and_remat_are_planned_as_asked(tmp_path):
+    """`--stage-meshes` pins each stage's submesh and logical mesh, `--remat` is shown per
+    stage by explain and recorded per layer; bad values are one line, exit 2."""
+    plan = tmp_path / "plan"
+    model = TESTDATA / "models" / "mlp_train.hlo"
+    done = run("compile", model, "--cluster", TESTDATA / "clusters" / "local-cpu.yaml",
+               "--stages", "0-0,1-1", "--stage-meshes", "1x4,1x4:2x2", "--micro-batches", "4",
+               "--remat", "full", "-o", plan)
+    assert done.returncode == 0, done.stderr
+    stages = json.loads((plan / "plan.json").read_text())["stages"]
+    assert [s["mesh"]["physical_shape"] for s in stages] == [[1, 4], [1, 4]]
+    assert stages[1]["mesh"]["logical_shape"] == [2, 2]
+    assert [s["remat"] for s in stages] == [{"0": "full"}, {"1": "full"}]
+    shown = run("explain", plan, "--limit", "1")
+    assert shown.stdout.count("recomputation in the backward: full (layers") == 2
+    assert_one_line_error(run("compile", model, "--stage-meshes", "1x4", "-o", plan),
+                          "--stage-meshes '1x4' needs --stages")
+    assert_one_line_error(run("compile", model, "--stages", "0-0,1-1", "--stage-meshes",
+                              "1x4,four", "-o", plan), "'four' should look like 1x4")
+    assert_one_line_error(run("compile", model, "--mesh", "4", "--remat", "full", "-o", plan),
+                          "--remat full recomputes in the backward of pipeline stages")
+    assert_one_line_error(run("compile", model, "--passes",
+                              "load,cost-analysis,stage-construction{remat=some}", "-o", plan),
+                          "--remat 'some' should be one of")

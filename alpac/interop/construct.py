@@ -10,7 +10,6 @@ runs as one stage with B = 1, and the assignment says why.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -19,10 +18,11 @@ from alpac.errors import UserError
 from alpac.hlo.opcodes import CONTRACTIONS
 from alpac.interop import pipeline as pl
 from alpac.interop.layers import choose_num_layers, cluster_layers, layer_owned
-from alpac.interop.pricing import LayerCost, LayerModules, LayerTask, RangeCosts, solve_all
+from alpac.interop.pricing import LayerModules, LayerTask, solve_all
 from alpac.interop.remat import REMAT_MODES, Remat
 from alpac.interop.stage import Stage, StageAssignment
-from alpac.interop.stage_dp import NoFeasiblePlan, StageCost, StagePlan, stage_dp
+from alpac.interop.stage_dp import NoFeasiblePlan, StagePlan, stage_dp
+from alpac.interop.stage_prices import StageConfig, StagePrices, remat_variants
 from alpac.interop.submesh import grid_shape, logical_shapes, submesh_shapes
 from alpac.intraop.rules import parse_megatron, roles_of_stage, roles_of_step, rule, update_rule
 from alpac.plan.mesh import LogicalMesh
@@ -36,9 +36,11 @@ class StageOptions:
     micro_batches: int = 0  # number of microbatches (0: chosen among divisors of the batch)
     layers: int = 0  # number of layers (0: chosen)
     stages: str = ""  # pinned layer ranges, e.g. "0-3,4-7"
+    stage_meshes: str = ""  # pinned submesh per stage, e.g. "1x2,1x2,1x4" (nodes x devices),
+    # each optionally with its logical mesh, e.g. "1x4:2x2"
     jobs: int = 0  # parallel ILP solves (0: all cores)
     layer_time_limit: float = 5.0  # seconds per layer ILP (the DP needs costs, not proofs)
-    max_micro_batches: int = 128
+    max_micro_batches: int = 0  # the most microbatches to consider (0: up to the batch)
     strategy: str = ""  # data-parallel | zero2 | zero3 | megatron:dp=..,tp=..,pp=..
     remat: str = "auto"  # auto (the stage DP's choice per stage) | none | selective | full
 
@@ -49,14 +51,6 @@ class MeshConfig(NamedTuple):
 
     shape: tuple[int, ...]
     lean: bool
-
-
-class StageConfig(NamedTuple):
-    """What the stage DP chooses for a stage on a submesh besides its layers: a priced mesh
-    config (an index into the submesh's) and how its layers recompute."""
-
-    config: int
-    remat: Remat
 
 
 SINGLE_STAGE_STRATEGIES = ("data-parallel", "zero2", "zero3")
@@ -70,6 +64,14 @@ def construct_stages(module, split, costs, cluster, budget: float, options: Stag
     """The stages of the step (module docstring); a pipeline's figures and where its time
     goes are put in `stats`."""
     whole = _whole_program(module, cluster)
+    if options.remat not in ("auto", *REMAT_MODES):
+        raise UserError(f"--remat '{options.remat}' should be one of auto, "
+                        f"{', '.join(REMAT_MODES)}")
+    if options.remat not in ("auto", Remat.NONE) and (
+            options.mesh or options.strategy in SINGLE_STAGE_STRATEGIES):
+        raise UserError(f"--remat {options.remat} recomputes in the backward of pipeline "
+                        f"stages; with --mesh or --strategy {options.strategy or 'given'} the "
+                        f"step runs as one module (leave --remat out)")
     if options.strategy in SINGLE_STAGE_STRATEGIES:
         mesh = _mesh(options.mesh, cluster)
         stage = whole(mesh, rule(options.strategy, roles_of_step(module, split), mesh.shape))
@@ -158,14 +160,18 @@ def _cheapest_to_price(forward, flops, heavy, edges):
     return best[1], best[2]
 
 
-def stage_rule(stage_module, graph, mesh, megatron: bool, lean: bool):
-    """The ILP filter of a stage (or layer) module: Megatron's when that strategy is forced,
-    weights and optimizer state stored split when the option is lean, else None."""
+def stage_rule(stage_module, graph, mesh, megatron: bool, lean: bool,
+               distributed_optimizer: bool = False):
+    """The ILP filter of a stage (or layer) module: Megatron's when that strategy is forced
+    (with its optimizer state split, if asked), weights and optimizer state stored split
+    when the option is lean, else None."""
     if not megatron and not lean:
         return None
     roles = roles_of_stage(stage_module, graph)
     allow = rule("megatron", roles, mesh.shape) if megatron else None
-    return update_rule(roles, mesh.shape, "3", allow) if lean else allow
+    if lean or distributed_optimizer:
+        return update_rule(roles, mesh.shape, "3" if lean else "2", allow)
+    return allow
 
 
 class _Pipeliner:
@@ -179,6 +185,7 @@ class _Pipeliner:
         self.budget, self.options, self.on_progress = budget, options, progress
         self.stats, self.seconds, self.clock = stats, {}, time.perf_counter()
         self.forced = None  # (dp, tp, pp) of a forced Megatron strategy
+        self.distributed_optimizer = False  # the forced strategy's optimizer state split
         self.launch = cluster.calibration.launch_s if cluster.calibration else 0.0
         self.solved, self.chosen, self.again = {}, {}, {}  # (layer hash, m, c) -> ...
 
@@ -202,8 +209,8 @@ class _Pipeliner:
                                                              self.options.layers)
         self.lap("layer clustering")
         batch = self.split.batch.size
-        self.candidates = [b for b in _powers_of_two(min(batch, self.options.max_micro_batches))
-                           if batch % b == 0]
+        limit = min(batch, self.options.max_micro_batches or batch)
+        self.candidates = [b for b in range(1, limit + 1) if batch % b == 0]
         if self.options.micro_batches:
             if batch % self.options.micro_batches:
                 raise UserError(f"--micro-batches {self.options.micro_batches} does not divide "
@@ -224,14 +231,15 @@ class _Pipeliner:
         shapes = [logical_shapes(sm) for sm in self.submeshes]
         strategy = self.options.strategy
         if strategy.startswith("megatron"):
-            dp, tp, pp = parse_megatron(strategy, cluster.num_devices)
+            dp, tp, pp, distributed = parse_megatron(strategy, cluster.num_devices)
             self.forced = (dp, tp, pp)
+            self.distributed_optimizer = distributed
             shapes = [[g] if (g := grid_shape(sm, dp, tp)) else [] for sm in self.submeshes]
             if self.num_layers % pp:
                 raise UserError(f"strategy {strategy}: {self.num_layers} layers do not split "
                                 f"into {pp} equal stages (--layers sets the number)")
         self.configs = [[MeshConfig(tuple(shape), False) for shape in cs] for cs in shapes]
-        self.modes = _remat_modes(self.options.remat)
+        self.modes = (Remat(self.options.remat),) if self.options.remat != "auto" else REMAT_MODES
 
     def tasks(self, keys, layers: LayerModules, hint=None) -> list[LayerTask]:
         out = []
@@ -242,9 +250,12 @@ class _Pipeliner:
                                                          * self.submeshes[m][1])))
             out.append(LayerTask(stage, mesh, self.cluster, self.options.layer_time_limit,
                                  hint[(h, m, c)] if hint else None,
-                                 stage_rule(stage, layers.graph, mesh, self.forced is not None,
-                                            config.lean)))
+                                 self.rule(stage, layers.graph, mesh, config.lean)))
         return out
+
+    def rule(self, stage_module, graph, mesh, lean: bool):
+        return stage_rule(stage_module, graph, mesh, self.forced is not None, lean,
+                          self.distributed_optimizer)
 
     def solve(self, keys, layers: LayerModules, what: str, hint=None) -> list:
         tasks = self.tasks(keys, layers, hint)
@@ -295,9 +306,17 @@ class _Pipeliner:
         return added
 
     def price_second_point(self) -> None:
-        """The same shardings at a second microbatch count: what does and does not scale."""
-        candidates = self.candidates
-        self.second = max(candidates) if max(candidates) != self.reference else min(candidates)
+        """The same shardings at a second microbatch count: what does and does not scale.
+        While the reference microbatch has an example per device of the cluster, the largest
+        count that keeps that (with fewer, a split of the batch the reference ILP chose may no
+        longer divide it, and the two points would not be the same shardings); otherwise the
+        largest count."""
+        batch, devices = self.split.batch.size, self.cluster.num_devices
+        if batch // self.reference >= devices:
+            larger = [b for b in self.candidates if b > self.reference and batch // b >= devices]
+            self.second = max(larger) if larger else min(self.candidates)
+        else:
+            self.second = max(self.candidates)
         if self.second != self.reference:
             layers = LayerModules(self.module, self.split, self.layer_of, self.num_layers,
                                   self.second, only=sorted(self.first_of.values()))
@@ -315,39 +334,34 @@ class _Pipeliner:
 
     def stage_dp(self) -> StagePlan:
         """The stage DP over the priced layers (pinned ranges when given or forced), each
-        priced mesh config with each recomputation mode allowed."""
-        self.stage_configs = [[StageConfig(c, mode) for c in range(len(cs)) for mode in self.modes]
+        priced mesh config with each recomputation variant allowed."""
+        n = self.num_layers
+        variants = remat_variants(self.options.remat, min(n, self.cluster.num_devices,
+                                                          max(self.candidates)))
+        self.stage_configs = [[StageConfig(c, v) for c in range(len(cs)) for v in variants]
                               for cs in self.configs]
-        ranges: dict[tuple, RangeCosts] = {}  # (m, c, remat, B) -> every range
-
-        def priced(first, last, m, c, mode, B) -> LayerCost:
-            if (m, c, mode, B) not in ranges:
-                ranges[(m, c, mode, B)] = RangeCosts([
-                    LayerCost.fit(self.reference, self.solved[key][mode], self.second,
-                                  self.again.get(key, self.solved[key])[mode], B)
-                    for key in ((h, m, c) for h in self.hashes)])
-            return ranges[(m, c, mode, B)](first, last).with_launches(self.launch)
+        self.prices = StagePrices(self.hashes, self.solved, self.again, self.reference,
+                                  self.second, self.budget, self.launch,
+                                  [a * b for a, b in self.submeshes], self.cluster.num_devices)
 
         def stage_cost(first, last, m, k, B):
-            c, mode = self.stage_configs[m][k]
-            total = priced(first, last, m, c, mode, B)
-            if mode != self.modes[0] and not _affords_more(
-                    total, priced(first, last, m, c, self.modes[0], B), self.budget,
-                    min(B, n)):
-                return None  # recomputing here buys nothing: the stage fits as it is
-            return StageCost(total.t, total.apply, total.held_bytes, total.activation_bytes,
-                             self.budget)
+            config = self.stage_configs[m][k]
+            if meshes and not meshes[(first, last)].allows(
+                    self.submeshes[m], self.configs[m][config.config].shape):
+                return None
+            return self.prices.stage_cost(first, last, m, config, B)
 
-        n = self.num_layers
         pinned = _parse_ranges(self.options.stages, n) if self.options.stages else None
         if self.forced:
             size = n // self.forced[2]
             pinned = [(k * size, (k + 1) * size - 1) for k in range(self.forced[2])]
+        meshes = _pinned_meshes(self.options.stage_meshes, pinned)
         cluster = self.cluster
         try:
             plan = stage_dp(n, self.submeshes, self.stage_configs, cluster.nodes,
                             cluster.devices_per_node, self.candidates, stage_cost,
-                            fixed_stages=pinned)
+                            fixed_stages=pinned,
+                            admissible=self.prices.admissible(self.stage_configs))
         except NoFeasiblePlan as e:
             if e.min_memory is None:  # no stage may run anywhere (a forced grid that no
                 # submesh has, e.g. tensor parallelism wider than a node)
@@ -365,8 +379,8 @@ class _Pipeliner:
         B = plan.num_micro_batches
         chosen = [self.stage_configs[st.submesh][st.config] for st in plan.stages]
         configs = [self.configs[st.submesh][k.config] for st, k in zip(plan.stages, chosen)]
-        remat = {layer: k.remat for st, k in zip(plan.stages, chosen)
-                 for layer in range(st.first_layer, st.last_layer + 1)}
+        remat = [self.prices.priced(st.first_layer, st.last_layer, st.submesh, k, B)[1]
+                 for st, k in zip(plan.stages, chosen)]
         meshes = [LogicalMesh(cfg.shape, tuple(st.devices))
                   for st, cfg in zip(plan.stages, configs)]
         stage_of_layer = [next(s for s, st in enumerate(plan.stages)
@@ -380,7 +394,7 @@ class _Pipeliner:
         stages = tuple(
             Stage(s, mesh, sm.module, (st.first_layer, st.last_layer),
                   self.submeshes[st.submesh], pipeline_stage=sm, hints=self.hints(st, k.config),
-                  rule=stage_rule(sm, graph, mesh, self.forced is not None, cfg.lean),
+                  rule=self.rule(sm, graph, mesh, cfg.lean),
                   weights_stored_split=cfg.lean)
             for s, (st, mesh, sm, cfg, k) in enumerate(zip(plan.stages, meshes, modules,
                                                            configs, chosen)))
@@ -405,36 +419,38 @@ class _Pipeliner:
         return hints
 
 
-def _remat_modes(text: str) -> tuple[Remat, ...]:
-    """The recomputation modes the stage DP may choose from (the first: its default)."""
-    if text == "auto":
-        return REMAT_MODES
-    try:
-        return (Remat(text),)
-    except ValueError:
-        raise UserError(f"--remat '{text}' should be one of auto, "
-                        f"{', '.join(REMAT_MODES)}") from None
-
-
-def _affords_more(cost: LayerCost, base: LayerCost, budget: float, wanted: int) -> bool:
-    """Whether a stage recomputing as `cost` holds more microbatches in flight than as `base`,
-    which holds fewer than `wanted`."""
-    def in_flight(c: LayerCost) -> float:
-        room = budget - c.held_bytes
-        if c.activation_bytes <= 0:
-            return math.inf if room >= 0 else -1.0
-        return math.floor(room / c.activation_bytes)
-
-    have = in_flight(base)
-    return have < wanted and in_flight(cost) > have
-
-
-def _powers_of_two(limit: int) -> list[int]:
-    out, b = [], 1
-    while b <= limit:
-        out.append(b)
-        b *= 2
+def _pinned_meshes(text: str, ranges) -> dict:
+    """`--stage-meshes 1x2,1x4:2x2` -> the PinnedMesh of each pinned layer range."""
+    if not text:
+        return {}
+    parts = text.split(",")
+    if ranges is None or len(parts) != len(ranges):
+        raise UserError(f"--stage-meshes '{text}' needs --stages with as many layer ranges "
+                        f"({len(parts)})")
+    out = {}
+    for part, key in zip(parts, ranges):
+        sub, _, logical = part.partition(":")
+        try:
+            want = tuple(int(x) for x in sub.split("x"))
+            shape = tuple(int(x) for x in logical.split("x")) if logical else None
+        except ValueError:
+            raise UserError(f"--stage-meshes '{text}': '{part}' should look like 1x4 or "
+                            f"1x4:2x2 (nodes x devices per node[:logical mesh])") from None
+        if len(want) != 2:
+            raise UserError(f"--stage-meshes '{text}': '{sub}' should be nodes x devices "
+                            f"per node, e.g. 1x4")
+        out[key] = PinnedMesh(want, shape)
     return out
+
+
+class PinnedMesh(NamedTuple):
+    """A stage's submesh (nodes, devices per node) and, if given, its logical mesh."""
+
+    submesh: tuple[int, ...]
+    logical: tuple[int, ...] | None
+
+    def allows(self, submesh, logical) -> bool:
+        return tuple(submesh) == self.submesh and self.logical in (None, tuple(logical))
 
 
 def _parse_ranges(text: str, num_layers: int) -> list[tuple[int, int]]:

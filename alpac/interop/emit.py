@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from alpac.hlo import Module, print_module
 from alpac.interop.pipeline import assemble, role_modules
 from alpac.interop.pricing import pipelined_peak
+from alpac.interop.remat import checkpointed_layers
 from alpac.interop.stage import ShardedStage, ShardedStages
 from alpac.plan.program import single_stage_program
 from alpac.plan.schedule import bubble_share, step_seconds
@@ -69,8 +70,7 @@ def _stage_entry(done: ShardedStage, files: dict[str, str]) -> dict:
         "module": module_file,
         "decisions": decisions_file,
         "weights_stored_split": stage.weights_stored_split,
-        "remat": None if stage.pipeline_stage is None else {
-            str(layer): str(mode) for layer, mode in sorted(stage.pipeline_stage.remat.items())},
+        "remat": None if stage.pipeline_stage is None else _remat_entry(stage.pipeline_stage),
         "ilp": {"objective_s": sol.objective, "gap": sol.gap, "status": sol.status,
                 "graph_before_reduction": sol.size_before,
                 "graph_after_reduction": sol.size_after,
@@ -81,6 +81,14 @@ def _stage_entry(done: ShardedStage, files: dict[str, str]) -> dict:
                      "compute_s": max(sol.objective - comm, 0.0),
                      "peak_memory_bytes": sol.peak_memory},
     }
+
+
+def _remat_entry(stage) -> dict[str, str]:
+    """Layer -> how its backward recomputes: the stage's choice, or `program` where the
+    program recomputes itself (alpac then adds nothing)."""
+    checkpointed = checkpointed_layers(stage)
+    return {str(layer): "program" if checkpointed is None or layer in checkpointed
+            else str(mode) for layer, mode in sorted(stage.remat.items())}
 
 
 def _pipelined(source: Module, sharded: ShardedStages, entries: list[dict],

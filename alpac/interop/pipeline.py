@@ -329,9 +329,10 @@ def _check_order(entry: Computation, graph: StepGraph, placed: dict[str, int]) -
 
 def stage_modules(graph: StepGraph, where: dict[str, set[int]], placed: set[str],
                   num_stages: int, num_micro_batches: int,
-                  only: list[int] | None = None, remat: dict | None = None
+                  only: list[int] | None = None, remat: list[dict] | None = None
                   ) -> list[StageModule]:
-    """The module of every stage (or of the stages in `only`); `remat`: layer -> Remat."""
+    """The module of every stage (or of the stages in `only`); `remat`: per stage, layer ->
+    Remat."""
     entry = graph.module.entry
     users: dict[str, set[int]] = {}  # node name -> stages that read it
     for x in entry.instructions:
@@ -360,9 +361,7 @@ def stage_modules(graph: StepGraph, where: dict[str, set[int]], placed: set[str]
                                [_module_role(graph.role[x.name]) for x in outputs], scope,
                                {x.name: graph.layer_of[x.name] for x in members
                                 if x.name in graph.layer_of},
-                               {layer: mode for layer, mode in (remat or {}).items()
-                                if any(graph.layer_of.get(x.name) == layer and x.name in placed
-                                       for x in members)}))
+                               dict(remat[s]) if remat else {}))
     return out
 
 

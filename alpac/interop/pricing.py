@@ -136,10 +136,11 @@ class LayerModules:
 
 def layer_cost(stage: "pl.StageModule", mesh: LogicalMesh, cluster, time_limit: float,
                hint: list | None = None, rule=None) -> tuple[dict[Remat, LayerCost], list]:
-    """The layer's figures under each recomputation mode, and the sharding the ILP chose for each instruction of its module
-    (by position, None where it chose none): a hint for the final ILP of the stage that
-    holds any layer of the same structure. With `hint` (such a list for a module of the same
-    structure), the ILP keeps to it: the same shardings priced at another microbatch size."""
+    """The layer's figures under each recomputation mode, and the sharding the ILP chose
+    for each instruction of its module (by position, None where it chose none): a hint for
+    the final ILP of the stage that holds any layer of the same structure. With `hint` (such
+    a list for a module of the same structure), the ILP keeps to it: the same shardings
+    priced at another microbatch size."""
     allow = both(rule, keep_to(None if hint is None else {
         x.name: h for x, h in zip(stage.module.entry.instructions, hint) if h is not None}))
     result = auto_shard(stage.module, mesh, cluster, time_limit=time_limit, gap_limit=0.02,

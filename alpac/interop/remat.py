@@ -19,6 +19,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+import numpy as np
+
 from alpac.hlo.opcodes import (COLLECTIVE_OPS, CONTRACTIONS, CONTROL_FLOW, LIBRARY_CALLS,
                                PASS_THROUGH, SIDE_EFFECTING)
 from alpac.plan.program import Role
@@ -55,10 +57,9 @@ def recomputable(stage, choice: dict[int, Remat]) -> set[str]:
         return set()
     entry = stage.module.entry
     layer_of = stage.layer_of
-    checkpointed = {layer_of.get(x.name) for x in entry.instructions
-                    if x.opcode == "opt-barrier"}
-    if None in checkpointed and checkpointed:
-        return set()  # the program recomputes, in a part no layer owns: leave it as it is
+    checkpointed = checkpointed_layers(stage)
+    if checkpointed is None:
+        return set()
     users = entry.users()
     out = set()
     for x in entry.instructions:
@@ -71,6 +72,15 @@ def recomputable(stage, choice: dict[int, Remat]) -> set[str]:
             continue
         out.add(x.name)
     return out
+
+
+def checkpointed_layers(stage) -> set[int] | None:
+    """The layers of the stage the program recomputes itself (an opt-barrier, as
+    jax.checkpoint writes it); None when a barrier sits outside every layer (then alpac
+    recomputes nothing in the stage)."""
+    layers = {stage.layer_of.get(x.name) for x in stage.module.entry.instructions
+              if x.opcode == "opt-barrier"}
+    return None if None in layers else layers
 
 
 def _layer_output(x, layer: int, users, stage) -> bool:
@@ -108,3 +118,72 @@ def remat_split(stage, choice: dict[int, Remat] | None = None) -> RematSplit:
     """The split of the stage under `choice` (the stage's own choice when None)."""
     choice = stage.remat if choice is None else choice
     return split_for_backward(stage, recomputable(stage, choice))
+
+
+# ---- the per-layer choice ---------------------------------------------------------------------
+
+class RematMenu:
+    """The cheapest per-layer recomputation that brings a range of layers under an activation
+    limit (Mist's per-layer choice, not one switch for the model).
+
+    Each layer's modes are points (extra seconds, bytes kept); on their lower convex hull a
+    move from one mode to the next saves bytes at a price per byte that only rises. Taking
+    the moves of all layers in order of that price, cheapest first, until the limit is met is
+    then optimal up to the last move (a layer is recomputed whole, not in part). The order
+    does not depend on the range, so it is sorted once per mesh config and microbatch count.
+    """
+
+    def __init__(self, seconds: np.ndarray, kept: np.ndarray):
+        """`seconds`, `kept`: per layer (rows) and mode (columns, in REMAT_MODES order)."""
+        moves = []  # (seconds per byte saved, layer, mode after, extra seconds, bytes saved)
+        for layer in range(len(seconds)):
+            hull = _hull([(float(seconds[layer, k]), float(kept[layer, k]), k)
+                          for k in range(len(REMAT_MODES))])
+            for (t0, a0, _), (t1, a1, k) in zip(hull, hull[1:]):
+                moves.append(((t1 - t0) / (a0 - a1), layer, k, t1 - t0, a0 - a1))
+        moves.sort(key=lambda m: (m[0], m[1]))
+        self.base_seconds, self.base_kept = seconds[:, 0], kept[:, 0]
+        self.layer = np.array([m[1] for m in moves], dtype=np.int64)
+        self.mode = np.array([m[2] for m in moves], dtype=np.int64)
+        self.extra = np.array([m[3] for m in moves], dtype=np.float64)
+        self.saved = np.array([m[4] for m in moves], dtype=np.float64)
+
+    def choose(self, first: int, last: int, limit: float) -> tuple[float, float, dict] | None:
+        """(extra seconds, bytes kept, layer -> Remat) of the cheapest choice for layers
+        first..last keeping at most `limit` bytes; None when even the most does not."""
+        kept = float(self.base_kept[first:last + 1].sum())
+        if kept <= limit:
+            return 0.0, kept, {}
+        picks = np.flatnonzero((self.layer >= first) & (self.layer <= last))
+        saved = np.cumsum(self.saved[picks])
+        n = int(np.searchsorted(saved, kept - limit)) + 1  # moves to take
+        if n > len(picks):
+            return None
+        taken = picks[:n]
+        modes = {}
+        for layer, mode in zip(self.layer[taken], self.mode[taken]):
+            modes[int(layer)] = REMAT_MODES[int(mode)]  # later moves of a layer go further
+        return float(self.extra[taken].sum()), kept - float(saved[n - 1]), modes
+
+
+def _hull(points: list[tuple[float, float, int]]) -> list[tuple[float, float, int]]:
+    """From keeping everything (the first point), the modes on the lower convex hull of
+    (seconds, bytes): each keeps fewer bytes than the one before, at a higher price per byte.
+    A mode that keeps fewer bytes for no more time than another leaves that one out."""
+    start = points[0]
+    rest = sorted((p for p in points[1:] if p[1] < start[1]), key=lambda p: (p[1], p[0]))
+    useful, fastest = [], float("inf")
+    for p in rest:  # from the fewest bytes kept up
+        if p[0] < fastest:
+            useful.append((max(p[0], start[0]), p[1], p[2]))
+            fastest = p[0]
+    hull = [start]
+    for p in reversed(useful):  # from the most bytes kept down
+        while len(hull) >= 2 and _price(hull[-2], hull[-1]) >= _price(hull[-1], p):
+            hull.pop()
+        hull.append(p)
+    return hull
+
+
+def _price(a, b) -> float:
+    return (b[0] - a[0]) / (a[1] - b[1])

@@ -105,11 +105,14 @@ def stage_dp(num_layers: int, submeshes: Sequence[tuple[int, int]],
              stage_cost: Callable[[int, int, int, int, int], StageCost | None], *,
              lower_bound: Callable[[int, int, int, int, int], float] | None = None,
              fixed_stages: Sequence[tuple[int, int]] | None = None,
-             fixed_num_micro_batches: int | None = None) -> StagePlan:
+             fixed_num_micro_batches: int | None = None,
+             admissible: Callable | None = None) -> StagePlan:
     """The cheapest plan (module docstring). `configs[m]` lists submesh m's configs (only
     their number matters here). `lower_bound(first, last, submesh, config, B)` must never
     exceed that stage's t; `fixed_stages` pins the layer ranges (first, last), in order;
-    `fixed_num_micro_batches` pins B. Raises NoFeasiblePlan when nothing fits."""
+    `fixed_num_micro_batches` pins B; `admissible(first, last, submesh, config)` (arrays)
+    leaves out stages that can never be worth pricing, at any B. Raises NoFeasiblePlan when
+    nothing fits."""
     if fixed_num_micro_batches is not None:
         micro_batches = [fixed_num_micro_batches]
     if num_layers < 1 or not submeshes or len(configs) != len(submeshes) or not micro_batches \
@@ -120,7 +123,7 @@ def stage_dp(num_layers: int, submeshes: Sequence[tuple[int, int]],
             or fixed_stages[-1][1] != num_layers - 1 or any(b < a for a, b in fixed_stages)):
         raise ValueError(f"fixed stages {fixed_stages} must cover layers 0..{num_layers - 1}")
     search = _Search(num_layers, list(submeshes), [len(c) for c in configs], nodes,
-                     devices_per_node, stage_cost, lower_bound, fixed_stages)
+                     devices_per_node, stage_cost, lower_bound, fixed_stages, admissible)
     for B in dict.fromkeys(micro_batches):  # in the order given, once each
         search.search(B)
     return search.result()
@@ -191,11 +194,13 @@ class _Options:
 
 
 class _Search:
-    def __init__(self, L, shapes, num_configs, nodes, M, stage_cost, lower_bound, fixed):
+    def __init__(self, L, shapes, num_configs, nodes, M, stage_cost, lower_bound, fixed,
+                 admissible=None):
         self.L, self.shapes, self.num_configs = L, shapes, num_configs
         self.nodes, self.M, self.D = nodes, M, nodes * M
         self.sizes = np.array([k * m for k, m in shapes])
         self.stage_cost, self.lower_bound, self.fixed = stage_cost, lower_bound, fixed
+        self.admissible = admissible
         self.cache: dict[tuple, StageCost | None] = {}
         self.options: dict[int, _Options] = {}
         self.best: tuple | None = None  # (objective, B, stage option indices, options)
@@ -220,6 +225,8 @@ class _Search:
         i, j, m, c = arr.T
         rest, _ = _rest_bounds(self, i, j, m, np.zeros(len(i)))
         keep = np.isfinite(rest)
+        if self.admissible is not None:
+            keep &= self.admissible(i, j, m, c)
         return i[keep], j[keep], m[keep], c[keep]
 
     # -- the DP ---------------------------------------------------------------------------

@@ -183,8 +183,13 @@ def _most_tiles(dims, mesh_shape) -> int:
                default=1)
 
 
-def parse_megatron(text: str, num_devices: int) -> tuple[int, int, int]:
-    """`megatron:dp=2,tp=4,pp=2` -> (dp, tp, pp), checked against the device count."""
+MEGATRON_KEYS = ("dp", "tp", "pp", "distopt")
+
+
+def parse_megatron(text: str, num_devices: int) -> tuple[int, int, int, bool]:
+    """`megatron:dp=2,tp=4,pp=2[,distopt=1]` -> (dp, tp, pp, distributed optimizer),
+    checked against the device count. The distributed optimizer (Megatron-LM's
+    `--use-distributed-optimizer`) stores the optimizer state split over the stage's devices."""
     values = {}
     try:
         for part in text.split(":", 1)[1].split(","):
@@ -192,8 +197,12 @@ def parse_megatron(text: str, num_devices: int) -> tuple[int, int, int]:
             values[key.strip()] = int(value)
     except (IndexError, ValueError):
         raise UserError(f"strategy '{text}' should look like megatron:dp=2,tp=4,pp=1") from None
+    unknown = set(values) - set(MEGATRON_KEYS)
+    if unknown:
+        raise UserError(f"strategy '{text}': unknown {', '.join(sorted(unknown))} (expected "
+                        f"{', '.join(MEGATRON_KEYS)})")
     dp, tp, pp = values.get("dp", 1), values.get("tp", 1), values.get("pp", 1)
     if dp * tp * pp != num_devices:
         raise UserError(f"strategy '{text}': dp·tp·pp = {dp * tp * pp}, the cluster has "
                         f"{num_devices} devices")
-    return dp, tp, pp
+    return dp, tp, pp, bool(values.get("distopt", 0))

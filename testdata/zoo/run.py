@@ -54,6 +54,8 @@ CONFIGS = {
     "2x2-mb4": (["--cluster", "{two}", "--micro-batches", "4"], ["--", "np", "4"]),
     "2x2-pp2": (["--cluster", "{two}", "--layers", "2", "--stages", "0-0,1-1",
                  "--micro-batches", "4"], ["--", "np", "4"]),
+    "2x2-pp2-remat": (["--cluster", "{two}", "--layers", "2", "--stages", "0-0,1-1",
+                       "--micro-batches", "4", "--remat", "full"], ["--", "np", "4"]),
 }
 CORPUS_MODULES = ("mobilenet_v2", "sharded_computation",
                   "nv_maxtext_1n1g_jit_train_step_before_optimization",

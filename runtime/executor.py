@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from alpac.errors import UserError
-from alpac.runtime.collectives import reduce_scatters_as_all_reduces
+from alpac.runtime.collectives import rejoin_reduce_scatters
 from alpac.runtime.comm import Comm
 from alpac.runtime.timeline import Task, Timeline
 from alpac.runtime.transfers import TAG_BASE, TAG_CARRY, Move, Mover, host_dtype
@@ -85,7 +85,7 @@ class Executor:
             devices = self.meshes[mod.mesh]
             if devices[0].platform == "cpu" and len({d.process_index for d in devices}) > 1:
                 # gloo's reduce-scatter may send overwritten data (runtime/collectives.py)
-                text = reduce_scatters_as_all_reduces(text, len(devices))
+                text = rejoin_reduce_scatters(text)
             try:
                 exe = compile_hlo(text, devices)
             except ValueError as e:

@@ -84,6 +84,29 @@ def test_predicted_collectives_are_what_xla_inserts(name, mesh):
     assert predicted, "a training step on 8 devices communicates"
 
 
+RNG_STEP = """HloModule rng_step
+ENTRY main {
+  x = f32[16,4] parameter(0)
+  lo = s32[] constant(0)
+  hi = s32[] constant(100)
+  noise = s32[16,4] rng(lo, hi), distribution=rng_uniform
+  noisy = f32[16,4] convert(noise)
+  ROOT y = f32[16,4] add(x, noisy)
+}
+"""
+
+
+@pytest.mark.parametrize("mesh", ["8", "2x4"])
+def test_a_stateful_rng_is_all_reduced_as_xla_does(mesh):
+    """XLA draws a replicated `rng` on one device and all-reduces it over the whole mesh."""
+    result = auto_shard(prepared(RNG_STEP), LogicalMesh.parse(mesh), default_cluster())
+    exe = compile_hlo(print_module(result.module), cpu_devices(8))
+    predicted = {k: {"count": v["count"], "bytes": v["bytes"]}
+                 for k, v in result.collective_summary().items()}
+    assert predicted == compiled_collectives(exe.compiled_text())
+    assert predicted["all-reduce"] == {"count": 1, "bytes": 16 * 4 * 4}
+
+
 # ---- plan quality ---------------------------------------------------------------------------
 
 def test_gpt_layer_gets_megatron_partition():

@@ -12,20 +12,9 @@ PROGRAMS = sorted(zoo.manifest())
 CONFIGS = list(zoo.CONFIGS)
 
 
-#: (program, configuration) -> why it fails today; strict: a fix makes the test say so
-KNOWN_FAILURES = {
-    ("tf_keras_transformer_train", "default"):
-        "XLA's CPU SPMD partitioner aborts (IsManualLeaf check) on the all-reduce + "
-        "dynamic-slice that alpa-run runs instead of a reduce-scatter over part of a mesh "
-        "spanning processes (runtime/collectives.py)",
-}
-
-
 @pytest.mark.parametrize("index,name", list(enumerate(PROGRAMS)))
-def test_zoo_program_runs_exact(index, name, tmp_path, request):
+def test_zoo_program_runs_exact(index, name, tmp_path):
     config = CONFIGS[index % len(CONFIGS)]  # every configuration is exercised by some program
-    if (name, config) in KNOWN_FAILURES:
-        request.applymarker(pytest.mark.xfail(reason=KNOWN_FAILURES[name, config], strict=True))
     outcome = zoo.run_one(name, config, tmp_path)
     assert outcome.status in ("exact", "refused"), (config, outcome.reason, outcome.worst)
     if outcome.status == "refused":

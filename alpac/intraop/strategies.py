@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from alpac.hlo.ir import Instruction
 from alpac.hlo.opcodes import BATCH_NORM, CONTROL_FLOW, DEVICE_IDS, DYNAMIC_SHAPES, ELEMENTWISE, \
@@ -178,6 +178,16 @@ def source_strategies(instr: Instruction, mesh_shape: tuple[int, ...]) -> list[S
 def parameter_strategies(instr: Instruction, mesh_shape) -> list[Strategy]:
     return [Strategy(str(s), (s,), (), s.num_tiles(mesh_shape))
             for s in array_shardings(instr.shape.dims, mesh_shape)]
+
+
+def rng_strategies(instr: Instruction, mesh_shape) -> list[Strategy]:
+    """A stateful `rng` stays replicated, and XLA's partitioner keeps its values equal on every
+    device by drawing them on one and all-reducing the result over the whole mesh."""
+    axes = tuple(_axes(mesh_shape))
+    if not axes:
+        return [replicated_strategy(instr)]
+    return [replace(replicated_strategy(instr),
+                    collectives=(Collective("all-reduce", axes, instr.shape.byte_size),))]
 
 
 def dot_strategies(instr: Instruction, mesh_shape) -> list[Strategy]:
@@ -394,7 +404,8 @@ def _indexed_strategies(instr, operand, indices, choices, mesh_shape, out_is_ope
 #: the sources with strategies of their own (`source_strategies`); any other source is replicated
 SOURCE_RULES = {"parameter": parameter_strategies, "dot": dot_strategies,
                 "convolution": conv_strategies, "reduce": reduce_strategies,
-                "gather": gather_strategies, "scatter": scatter_strategies}
+                "gather": gather_strategies, "scatter": scatter_strategies,
+                "rng": rng_strategies}
 
 
 # ---- followers ------------------------------------------------------------------------------

@@ -81,10 +81,10 @@ def test_recomputing_plans_match_one_device(name, remat):
 
 
 def test_forward_hands_on_less_as_estimated():
-    """For the BERT step, what a microbatch keeps from its forward for its backward leaves the forward module as
-    outputs: XLA's compiled output bytes of each stage's forward module drop from `none` to
-    `full` by the estimated activation bytes (within 15%), and the backward module's
-    temporaries grow (it recomputes)."""
+    """For the BERT step, what a microbatch keeps from its forward for its backward leaves the
+    forward module as outputs: XLA's compiled output bytes of each stage's forward module drop
+    from `none` to `full` by the estimated activation bytes (within 15%), and the backward
+    module's temporaries grow (it recomputes)."""
     measured = {}
     for remat in ("none", "full"):
         path = plan("bert_train", remat)

@@ -19,19 +19,12 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from common import compile_plan, p3_cluster, write_results
+from common import compile_plan, megatron_grid, p3_cluster, write_results
 
 from alpac.errors import UserError
 from testdata.generate import gpt_suite_config, gpt_suite_hlo
 
 CASES = "1.3B@8,2.6B@16,6.7B@32,15B@64"
-
-
-def megatron_grid(devices: int, per_node: int, blocks: int):
-    for tp in (t for t in (1, 2, 4, 8) if t <= per_node and devices % t == 0):
-        for pp in (p for p in range(1, devices // tp + 1) if (devices // tp) % p == 0):
-            if blocks % pp == 0:
-                yield devices // tp // pp, tp, pp
 
 
 def describe(plan: dict) -> str:

@@ -27,7 +27,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from common import RESULTS, compile_plan, p3_cluster, write_results
+from common import RESULTS, compile_plan, megatron_grid, p3_cluster, write_results
 
 from alpac.errors import UserError
 from testdata.generate import gpt_suite_config, gpt_suite_hlo
@@ -45,13 +45,6 @@ ALPA_PLANS = {
     "15B@32": ([(12 * k, 12 * k + 11) for k in range(4)], ["1x8"] * 4, 128),
     "39B@64": ([(3 * k, 3 * k + 2) for k in range(16)], ["1x4"] * 16, 1024),
 }
-
-
-def megatron_grid(devices: int, per_node: int, blocks: int):
-    for tp in (t for t in (1, 2, 4, 8) if t <= per_node and devices % t == 0):
-        for pp in (p for p in range(1, devices // tp + 1) if (devices // tp) % p == 0):
-            if blocks % pp == 0:
-                yield devices // tp // pp, tp, pp
 
 
 def describe(plan: dict) -> str:

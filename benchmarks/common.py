@@ -66,3 +66,12 @@ def p3_cluster(devices: int):
     p3 = load_cluster(ROOT / "testdata" / "clusters" / "aws-p3.16xlarge-x8.yaml")
     return dataclasses.replace(p3, nodes=max(1, devices // p3.devices_per_node),
                                devices_per_node=min(devices, p3.devices_per_node))
+
+
+def megatron_grid(devices: int, per_node: int, blocks: int):
+    """Megatron-style (dp, tp, pp): tp inside a node, pp dividing the blocks (equal blocks per
+    stage), dp the rest."""
+    for tp in (t for t in (1, 2, 4, 8) if t <= per_node and devices % t == 0):
+        for pp in (p for p in range(1, devices // tp + 1) if (devices // tp) % p == 0):
+            if blocks % pp == 0:
+                yield devices // tp // pp, tp, pp

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -83,6 +84,18 @@ def test_a_model_that_cannot_fit_is_refused_with_the_smallest_memory(tmp_path):
     assert "Traceback" not in run.stderr and not (tmp_path / "plan").exists()
 
 
+def assert_gpt_plan_computes_the_same(out: Path, plan: dict) -> None:
+    """The plan of the testdata GPT step, run in this process, equals one device (rtol 1e-5)."""
+    data = np.load(TESTDATA / "models" / "gpt_train.npz")
+    args = [data[f"arg{i}"] for i in range(sum(k.startswith("arg") for k in data.files))]
+    texts = {p.name: p.read_text() for p in out.glob("*.hlo")}
+    got = run_program(Program.from_dict(plan["program"]), texts, args)
+    want = run_hlo_single_device((out / "source.hlo").read_text(), args)
+    for g, w in zip(got, want):
+        scale = max(float(np.max(np.abs(w))), 1e-30) if w.size else 1.0
+        assert np.max(np.abs(g - w), initial=0.0) <= 1e-5 * scale
+
+
 def test_megatron_strategy_is_planned_as_asked_and_computes_the_same(tmp_path):
     path = TESTDATA / "models" / "gpt_train.hlo"
     options = {"stage-construction": {"strategy": "megatron:dp=2,tp=2,pp=2", "layers": "4"}}
@@ -97,14 +110,7 @@ def test_megatron_strategy_is_planned_as_asked_and_computes_the_same(tmp_path):
         matrices = [r for r in rows if r["opcode"] == "parameter" and r["shape"].count(",") == 1
                     and "mb" not in r["instruction"] and "S1" in r["sharding"]]
         assert matrices and all("S0" not in r["sharding"] for r in matrices)
-    data = np.load(TESTDATA / "models" / "gpt_train.npz")
-    args = [data[f"arg{i}"] for i in range(sum(k.startswith("arg") for k in data.files))]
-    texts = {p.name: p.read_text() for p in out.glob("*.hlo")}
-    got = run_program(Program.from_dict(plan["program"]), texts, args)
-    want = run_hlo_single_device((out / "source.hlo").read_text(), args)
-    for g, w in zip(got, want):
-        scale = max(float(np.max(np.abs(w))), 1e-30) if w.size else 1.0
-        assert np.max(np.abs(g - w), initial=0.0) <= 1e-5 * scale
+    assert_gpt_plan_computes_the_same(out, plan)
 
 
 def test_megatron_distributed_optimizer_splits_the_optimizer_state(tmp_path):
@@ -120,14 +126,7 @@ def test_megatron_distributed_optimizer_splits_the_optimizer_state(tmp_path):
         static[strategy] = [s["estimate"]["static_bytes"] for s in plan["stages"]]
     plain, split = static.values()
     assert all(b < 0.9 * a for a, b in zip(plain, split)), static
-    data = np.load(TESTDATA / "models" / "gpt_train.npz")
-    args = [data[f"arg{i}"] for i in range(sum(k.startswith("arg") for k in data.files))]
-    texts = {p.name: p.read_text() for p in out.glob("*.hlo")}
-    got = run_program(Program.from_dict(plan["program"]), texts, args)
-    want = run_hlo_single_device((out / "source.hlo").read_text(), args)
-    for g, w in zip(got, want):
-        scale = max(float(np.max(np.abs(w))), 1e-30) if w.size else 1.0
-        assert np.max(np.abs(g - w), initial=0.0) <= 1e-5 * scale
+    assert_gpt_plan_computes_the_same(out, plan)
 
 
 def test_between_stages_only_inputs_accumulators_and_scalars_move_once_per_step(tmp_path):

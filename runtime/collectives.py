@@ -25,10 +25,6 @@ from alpac.hlo.ir import Instruction
 from alpac.hlo.transforms import replace_uses
 
 
-def _is_target(instr: Instruction, target: str) -> bool:
-    return instr.opcode == "custom-call" and instr.custom_call_target == target
-
-
 def rejoin_reduce_scatters(text: str) -> str:
     """The module with every manual reduce-scatter region alpac writes replaced by its op on
     the whole operands, sharded as the region's result (the text as given when there is
@@ -60,7 +56,8 @@ def _regions(comp) -> list[tuple[Instruction, Instruction]]:
         if rs.opcode != "reduce-scatter" or len(rs.operands) != 1:
             continue
         local, exits = rs.operands[0], users.get(rs, [])
-        if len(exits) == 1 and _is_target(exits[0], "SPMDShardToFullShape") and local.operands \
-                and all(_is_target(o, "SPMDFullToShardShape") for o in local.operands):
+        if len(exits) == 1 and exits[0].custom_call_target == "SPMDShardToFullShape" \
+                and local.operands and all(o.custom_call_target == "SPMDFullToShardShape"
+                                           for o in local.operands):
             out.append((local, exits[0]))
     return out

@@ -344,6 +344,12 @@ class _Pipeliner:
                                   self.second, self.budget, self.launch,
                                   [a * b for a, b in self.submeshes], self.cluster.num_devices)
 
+        pinned = _parse_ranges(self.options.stages, n) if self.options.stages else None
+        if self.forced:
+            size = n // self.forced[2]
+            pinned = [(k * size, (k + 1) * size - 1) for k in range(self.forced[2])]
+        meshes = _pinned_meshes(self.options.stage_meshes, pinned)
+
         def stage_cost(first, last, m, k, B):
             config = self.stage_configs[m][k]
             if meshes and not meshes[(first, last)].allows(
@@ -351,11 +357,6 @@ class _Pipeliner:
                 return None
             return self.prices.stage_cost(first, last, m, config, B)
 
-        pinned = _parse_ranges(self.options.stages, n) if self.options.stages else None
-        if self.forced:
-            size = n // self.forced[2]
-            pinned = [(k * size, (k + 1) * size - 1) for k in range(self.forced[2])]
-        meshes = _pinned_meshes(self.options.stage_meshes, pinned)
         cluster = self.cluster
         try:
             plan = stage_dp(n, self.submeshes, self.stage_configs, cluster.nodes,

@@ -47,7 +47,9 @@ class StagePrices:
     def __init__(self, hashes, solved, again, reference: int, second: int, budget: float,
                  launch: float, submesh_sizes: list[int], num_devices: int):
         self.hashes, self.solved, self.again = hashes, solved, again
-        self.sizes, self.num_devices = submesh_sizes, num_devices
+        # per submesh: 1 + how many stages the other devices can form
+        self.stages_from = [1 + (num_devices - size) // min(submesh_sizes)
+                            for size in submesh_sizes]
         self.reference, self.second = reference, second
         self.budget, self.launch = budget, launch
         self.ranges: dict[tuple, RangeCosts] = {}  # (m, c, mode, B) -> every range
@@ -90,15 +92,13 @@ class StagePrices:
     def admissible(self, configs: list[list[StageConfig]]):
         """For the stage DP: whether stages (arrays first, last, submesh, config index) can
         ever need their recomputation target (`most_in_flight`, at any B)."""
-        target = [np.array([k.remat if isinstance(k.remat, int) else 0 for k in cs])
-                  for cs in configs]
+        target = np.zeros((len(configs), max(map(len, configs), default=0)), dtype=np.int64)
+        for m, cs in enumerate(configs):
+            target[m, :len(cs)] = [k.remat if isinstance(k.remat, int) else 0 for k in cs]
+        stages_from = np.array(self.stages_from)
 
         def admissible(first, last, m, c) -> np.ndarray:
-            wanted = np.array([target[a][b] for a, b in zip(m, c)], dtype=np.int64)
-            sizes = np.array(self.sizes)[m]
-            most = np.minimum(len(self.hashes) - last,
-                              1 + (self.num_devices - sizes) // min(self.sizes))
-            return wanted <= most
+            return target[m, c] <= np.minimum(len(self.hashes) - last, stages_from[m])
 
         return admissible
 
@@ -106,8 +106,7 @@ class StagePrices:
         """The most microbatches a stage ending at layer `last` on submesh m can hold under
         1F1B: one per stage from it to the end, and there are no more stages than layers
         after it or than the other devices can form."""
-        others = (self.num_devices - self.sizes[m]) // min(self.sizes)
-        return min(B, len(self.hashes) - last, 1 + others)
+        return min(B, len(self.hashes) - last, self.stages_from[m])
 
     def menu(self, m: int, c: int, B: int) -> RematMenu:
         if (m, c, B) not in self.menus:

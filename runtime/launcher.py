@@ -198,10 +198,9 @@ def run_ranks(mpiexec: str, n: int, extra: list[str], module_args: list[str], de
     """`python -m MODULE_ARGS...` as n ranks under mpiexec, supervised: the exit code (see
     the module's docstring); `prog` names the command in the error lines."""
     status = Path(tempfile.mkdtemp(prefix="alpa-run-"))
-    # With Hydra, the launcher (not mpiexec) ends the other ranks when one dies, so that it
-    # can tell which rank died first.
-    hydra = ["-disable-auto-cleanup"] if _is_hydra(mpiexec) else []
-    cmd = [mpiexec, *hydra, "-n", str(n), *extra, sys.executable, "-m", *module_args]
+    # each rank runs under a guard that records when it ended (see alpac.runtime.guard)
+    cmd = [mpiexec, "-n", str(n), *extra, sys.executable, "-m", "alpac.runtime.guard",
+           *module_args]
     env = dict(os.environ)
     env[STATUS_ENV] = str(status)
     env["PYTHONUNBUFFERED"] = "1"
@@ -212,14 +211,6 @@ def run_ranks(mpiexec: str, n: int, extra: list[str], module_args: list[str], de
         return _supervise(cmd, env, status, n, debug, prog)
     finally:
         shutil.rmtree(status, ignore_errors=True)
-
-
-def _is_hydra(mpiexec: str) -> bool:
-    try:
-        r = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return "HYDRA" in r.stdout
 
 
 def worker_args(opts) -> list[str]:
@@ -258,7 +249,6 @@ class _Output:
     def __init__(self, debug: bool):
         self.debug = debug
         self.failed = False
-        self.banner_pids: list[int] = []
         self.exit_string: str | None = None
         self._held: deque = deque()
         self._lock = threading.Lock()
@@ -267,9 +257,6 @@ class _Output:
     def pump(self, stream, is_err: bool) -> None:
         for raw in iter(stream.readline, b""):
             line = raw.decode(errors="replace").rstrip("\n")
-            m = re.match(r"^=\s+PID (\d+) RUNNING AT", line)
-            if m:
-                self.banner_pids.append(int(m.group(1)))
             m = re.match(r"^YOUR APPLICATION TERMINATED WITH THE EXIT STRING: (.*)$", line)
             if m:
                 self.exit_string = m.group(1).strip()
@@ -310,7 +297,6 @@ def _supervise(cmd, env, status: Path, n: int, debug: bool, prog: str = "alpa-ru
     for t in readers:
         t.start()
     deaths = _Deaths(status)
-    deaths.start()
     ended_at = None
     try:
         while proc.poll() is None:
@@ -329,7 +315,6 @@ def _supervise(cmd, env, status: Path, n: int, debug: bool, prog: str = "alpa-ru
         out.failed = True
     for t in readers:
         t.join(timeout=5)
-    deaths.stop()
     rc = proc.returncode
     errors = []
     for f in status.glob("error.rank*.json"):
@@ -343,18 +328,12 @@ def _supervise(cmd, env, status: Path, n: int, debug: bool, prog: str = "alpa-ru
     first_error = min(errors, key=lambda e: e["time"]) if errors else None
     reported = {e.get("rank") for e in errors}
     # a rank that vanished without a word before any rank reported an error was killed
-    silent = {r: deaths.gone[r] for r in deaths.silent() if r not in reported}
+    gone = deaths.gone()
+    silent = {r: gone[r] for r in deaths.silent() if r not in reported}
     if silent and (first_error is None or min(silent.values()) < first_error["time"]):
-        first = min(silent.values())
-        dead = sorted(r for r, t in silent.items() if t - first < 0.005)
-        # too close to tell apart (a loaded machine notices deaths late): the rank whose
-        # pid mpiexec's termination banner names
-        named = [r for r in dead if deaths.pids.get(r) in out.banner_pids]
-        dead = named or dead
+        dead = min(silent, key=silent.get)  # mpiexec ended the others after it
         how = f" ({out.exit_string})" if out.exit_string else f" (mpiexec exit code {rc})"
-        who = f"rank {dead[0]}" if len(dead) == 1 else \
-            f"one of ranks {', '.join(map(str, dead))}"
-        click.echo(f"{prog}: error: {who} ended unexpectedly{how}; the other ranks were "
+        click.echo(f"{prog}: error: rank {dead} ended unexpectedly{how}; the other ranks were "
                    f"stopped", err=True)
         if debug and out.dropped:
             click.echo("\n".join(out.dropped), err=True)
@@ -395,82 +374,41 @@ def _end(proc, deaths) -> None:
         proc.wait()
 
 
-class _Deaths(threading.Thread):
-    """When each rank's process ended (wall time), from the pid files the ranks write and
-    pidfd notifications, so that the first rank to die is known even when mpiexec then
-    ends all the others within milliseconds. (One machine; elsewhere nothing is known.)"""
+class _Deaths:
+    """How and when each rank's process ended, from the records of the ranks' guards
+    (alpac.runtime.guard) and the pid files the ranks write. (One machine; elsewhere
+    nothing is known.)"""
 
     def __init__(self, status: Path):
-        super().__init__(daemon=True, name="alpa-run-deaths")
         self.status = status
-        self.gone: dict[int, float] = {}
-        self._fds: dict[int, int] = {}  # fd -> rank
-        self._known: set[int] = set()
-        self.pids: dict[int, int] = {}
-        self._halt = threading.Event()
+
+    @property
+    def pids(self) -> dict[int, int]:
+        out = {}
+        for f in self.status.glob("pid.rank*"):
+            try:
+                out[int(f.name[len("pid.rank"):])] = int(f.read_text())
+            except (OSError, ValueError):
+                continue
+        return out
+
+    def gone(self) -> dict[int, float]:
+        """rank -> wall time its process ended."""
+        ended = {}
+        for f in self.status.glob("ended.pid*.json"):
+            try:
+                record = json.loads(f.read_text())
+            except (OSError, json.JSONDecodeError):
+                continue
+            ended[record["pid"]] = record["time"]
+        return {rank: ended[pid] for rank, pid in self.pids.items() if pid in ended}
 
     def silent(self) -> list[int]:
         """Ranks that ended with neither an error report nor a normal finish."""
-        out = []
-        for rank in list(self.gone):
-            if not (self.status / f"done.rank{rank}").exists() and \
-                    not (self.status / f"error.rank{rank}.json").exists():
-                out.append(rank)
-        return out
+        return [rank for rank in self.gone()
+                if not (self.status / f"done.rank{rank}").exists()
+                and not (self.status / f"error.rank{rank}.json").exists()]
 
-    def stop(self) -> None:
-        self._halt.set()
-        self.join(timeout=2)
-        self._scan()
-        for fd in list(self._fds):
-            os.close(fd)
-        self._fds.clear()
-
-    def run(self) -> None:
-        import select
-        while not self._halt.is_set():
-            self._scan()
-            if not self._fds:
-                time.sleep(0.02)
-                continue
-            poller = select.poll()
-            for fd in self._fds:
-                poller.register(fd, select.POLLIN)
-            for fd, _ in poller.poll(20):
-                now = time.time()
-                rank = self._fds.pop(fd)
-                os.close(fd)
-                self.gone.setdefault(rank, now)
-
-    def _scan(self) -> None:
-        for f in self.status.glob("pid.rank*"):
-            try:
-                rank = int(f.name[len("pid.rank"):])
-                if rank in self._known:
-                    continue
-                pid = int(f.read_text())
-            except (OSError, ValueError):
-                continue
-            self._known.add(rank)
-            self.pids[rank] = pid
-            try:
-                self._fds[os.pidfd_open(pid)] = rank
-            except (OSError, AttributeError):
-                if not _alive(pid):
-                    self.gone.setdefault(rank, time.time())
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-        return state not in ("Z", "X")
-    except (OSError, IndexError):
-        try:
-            os.kill(pid, 0)
-            return True
-        except OSError:
-            return False
 
 
 if __name__ == "__main__":

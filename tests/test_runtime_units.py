@@ -5,6 +5,12 @@ argument handling."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +18,7 @@ from test_runtime_plans import pipeline_plan
 
 from alpac.plan.schedule import bubble_fraction, max_live_microbatches, stage_tasks, timeline
 from alpac.runtime import resharding
+from alpac.runtime.comm import STATUS_ENV
 from alpac.runtime.data import Param, entry_parameters, load_inputs, random_input, relative_errors
 from alpac.runtime.launcher import find_mpiexec, parse_mpi_args
 
@@ -380,3 +387,46 @@ def test_donated_reread_resharded_and_carried_across_meshes(tmp_path):
     np.testing.assert_array_equal(c, 2 * a + 1)
     np.testing.assert_array_equal(d, 3 * (a + 1))
     assert steps[0].carry_bytes == 64 and sum(steps[0].bytes.values()) == 0
+
+
+# ---- the rank guard ----------------------------------------------------------------------
+
+def _guarded(tmp_path, body: str) -> tuple[subprocess.Popen, Path]:
+    """Start `python -m alpac.runtime.guard child` where child.py is `body`."""
+    (tmp_path / "child.py").write_text(body)
+    status = tmp_path / "status"
+    status.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), STATUS_ENV: str(status)}
+    proc = subprocess.Popen([sys.executable, "-m", "alpac.runtime.guard", "child"], env=env)
+    return proc, status
+
+
+def test_the_guard_records_when_and_how_its_rank_ended_and_ends_the_same_way(tmp_path):
+    proc, status = _guarded(tmp_path, "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    before = time.time()
+    assert proc.wait(timeout=60) == -signal.SIGKILL  # mpiexec sees the child's own end
+    [record] = [json.loads(f.read_text()) for f in status.glob("ended.pid*.json")]
+    assert record["code"] == -signal.SIGKILL and record["time"] <= time.time()
+    assert record["time"] > before - 60
+
+
+def test_a_killed_guard_takes_its_rank_with_it(tmp_path):
+    proc, status = _guarded(tmp_path, "import os, time\nopen('%s', 'w').write(str(os.getpid()))"
+                            "\ntime.sleep(600)\n" % (tmp_path / "pid"))
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "pid").exists() or not (tmp_path / "pid").read_text():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    child = int((tmp_path / "pid").read_text())
+    proc.kill()
+    proc.wait()
+    while Path(f"/proc/{child}").exists() and "Z" not in _state(child):
+        assert time.monotonic() < deadline, "the rank outlived its guard"
+        time.sleep(0.05)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "X"

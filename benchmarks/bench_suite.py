@@ -18,6 +18,7 @@ run can be resumed with --skip-done); the table benchmarks/results/suite.md is m
 case files.
 
     python benchmarks/bench_suite.py [--cases 2.6B@8,39B@64] [--no-grid] [--skip-done]
+                                     [--grid-only]
 """
 
 from __future__ import annotations
@@ -65,14 +66,17 @@ def figures(plan: dict, seconds: float) -> dict:
             "peak_gib": plan["estimate"]["peak_memory_bytes"] / GIB, "compile_s": seconds}
 
 
-def run_case(case: str, tmp: Path, grid: bool) -> dict:
+def model_of(case: str, tmp: Path) -> tuple[Path, object, int]:
+    """The case's step (written to tmp), cluster and number of blocks."""
     name, devices = case.split("@")
-    devices = int(devices)
-    cluster = p3_cluster(devices)
-    blocks = gpt_suite_config(name).layers
     model = tmp / f"gpt-{name}.hlo"
     model.write_text(gpt_suite_hlo(name, batch_size=BATCH))
-    out = {"case": case, "devices": devices, "blocks": blocks}
+    return model, p3_cluster(int(devices)), gpt_suite_config(name).layers
+
+
+def run_case(case: str, tmp: Path, grid: bool) -> dict:
+    model, cluster, blocks = model_of(case, tmp)
+    out = {"case": case, "devices": cluster.num_devices, "blocks": blocks}
     plan, _, seconds = compile_plan(model, cluster, tmp / f"{case}-auto")
     out["auto"] = figures(plan, seconds)
     print(f"{case} auto: {out['auto']}", flush=True)
@@ -134,6 +138,8 @@ def main() -> None:
     parser.add_argument("--cases", default=CASES)
     parser.add_argument("--no-grid", action="store_true", help="skip the Megatron grid")
     parser.add_argument("--skip-done", action="store_true", help="keep cases already written")
+    parser.add_argument("--grid-only", action="store_true",
+                        help="keep the automatic and Alpa figures already written; add the grid")
     args = parser.parse_args()
     done = RESULTS / "suite"
     done.mkdir(parents=True, exist_ok=True)
@@ -142,7 +148,11 @@ def main() -> None:
             path = done / f"{case}.json"
             if args.skip_done and path.exists():
                 continue
-            result = run_case(case, Path(tmp), not args.no_grid)
+            if args.grid_only:
+                result = json.loads(path.read_text())
+                result["grid"] = best_grid(*model_of(case, Path(tmp)), Path(tmp) / case)
+            else:
+                result = run_case(case, Path(tmp), not args.no_grid)
             path.write_text(json.dumps(result, indent=1) + "\n")
     order = CASES.split(",")
     results = sorted((json.loads(p.read_text()) for p in done.glob("*.json")),

@@ -187,7 +187,8 @@ def worker(phase: str, work: Path) -> int:
     opts = Options(**spec["options"])
     from alpac.runtime.worker import configure_devices
     platform = configure_devices(spec["k"], opts.platform)
-    from alpac.runtime.comm import STATUS_ENV, Comm, describe, fail
+    from alpac.runtime.comm import Comm, describe, fail
+    from alpac.runtime.status import STATUS_ENV
     comm = Comm(opts.timeout)
     status = os.environ.get(STATUS_ENV)
     if status:  # lets the launcher name a rank that dies without a word

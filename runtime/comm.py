@@ -27,11 +27,12 @@ from pathlib import Path
 
 import numpy as np
 
+from alpac.runtime.status import STATUS_ENV
+
 EXIT_CHECK = 1
 EXIT_USAGE = 2
 EXIT_RUNTIME = 3
 
-STATUS_ENV = "ALPAC_RUN_STATUS_DIR"
 
 
 class RankTimeout(Exception):

@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from alpac.runtime.comm import STATUS_ENV
+from alpac.runtime.status import STATUS_ENV
 
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 

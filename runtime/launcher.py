@@ -30,7 +30,8 @@ from pathlib import Path
 
 import click
 
-from alpac.runtime.comm import EXIT_RUNTIME, EXIT_USAGE, STATUS_ENV
+from alpac.runtime.comm import EXIT_RUNTIME, EXIT_USAGE
+from alpac.runtime.status import STATUS_ENV
 
 SCHEDULES = ("gpipe", "1f1b")
 

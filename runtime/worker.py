@@ -60,7 +60,8 @@ class SetupError(Exception):
 
 def main(opts: Options) -> int:
     platform = configure_devices(opts.devices_per_rank, opts.platform)
-    from alpac.runtime.comm import STATUS_ENV, Comm, describe, fail
+    from alpac.runtime.comm import Comm, describe, fail
+    from alpac.runtime.status import STATUS_ENV
     comm = Comm(opts.timeout)
     status = os.environ.get(STATUS_ENV)
     if status:  # lets the launcher name a rank that dies without a word

@@ -32,6 +32,8 @@ from alpac.xla.bridge import compile_hlo, cpu_devices, run_hlo_single_device
 MODELS = [f"{m}_{k}" for m in ("mlp", "gpt", "bert", "moe", "wresnet") for k in ("train", "fwd")]
 MESHES = ["8", "8x1", "1x8", "2x4", "4x2", "2x2x2"]
 P3 = TESTDATA / "clusters" / "aws-p3.16xlarge-x8.yaml"
+SOLVE_S = 30  # ILP time limit of the numerics checks (and of the determinism check)
+SOLVE_3D_S = 10  # on 3-D meshes the first round runs to its limit; any plan computes the same
 
 
 def prepared(text: str):
@@ -54,7 +56,8 @@ def model(name: str):
 def sharded(name: str, mesh_text: str):
     module, args, _ = model(name)
     mesh = LogicalMesh.parse(mesh_text)
-    result = auto_shard(module, mesh, default_cluster(), time_limit=30)
+    result = auto_shard(module, mesh, default_cluster(),
+                        time_limit=SOLVE_3D_S if len(mesh.shape) == 3 else SOLVE_S)
     exe = compile_hlo(print_module(result.module), cpu_devices(mesh.num_devices))
     return result, exe, exe.run(args)
 
@@ -65,8 +68,12 @@ def rel_error(outputs, reference) -> float:
                for o, r in zip(outputs, reference) if r.size)
 
 
-@pytest.mark.parametrize("mesh", MESHES)
-@pytest.mark.parametrize("name", MODELS)
+# 4x2 is 2x4 transposed: checked on the smaller models only (the larger ones' ILPs take
+# ~40 s); 3-D meshes on every model but the MoE step (its ILP alone takes ~15 s)
+@pytest.mark.parametrize("name,mesh", [
+    (name, mesh) for name in MODELS for mesh in MESHES
+    if (mesh != "4x2" or name not in ("gpt_train", "bert_train", "moe_train"))
+    and (mesh, name) != ("2x2x2", "moe_train")])
 def test_numerics_equal_single_device(name, mesh):
     _, _, reference = model(name)
     _, _, outputs = sharded(name, mesh)
@@ -187,7 +194,8 @@ def test_never_worse_than_fixed_strategies(name, mesh):
     module, _, _ = model(name)
     logical = LogicalMesh.parse(mesh)
     cluster = default_cluster()
-    result = auto_shard(module, logical, cluster)
+    result, _, _ = sharded(name, mesh)
+    assert result.solution.status == "optimal"
     batch = {a.param: a.dim for a in detect_batch(module).args}
     everything = tuple(a for a, n in enumerate(logical.shape) if n > 1)
 
@@ -313,8 +321,8 @@ def test_cli_compile_explain_verify_json(tmp_path):
 
 def test_plans_are_deterministic(tmp_path):
     module, _, _ = model("gpt_train")
-    a = auto_shard(module, LogicalMesh.parse("2x4"), default_cluster())
-    b = auto_shard(module, LogicalMesh.parse("2x4"), default_cluster())
+    a, _, _ = sharded("gpt_train", "2x4")
+    b = auto_shard(module, LogicalMesh.parse("2x4"), default_cluster(), time_limit=SOLVE_S)
     assert print_module(a.module) == print_module(b.module)
 
 

@@ -59,10 +59,10 @@ def test_per_layer_choice_against_brute_force():
 
 @cache
 def plan(name: str, remat: str, budget: float | None = None) -> Path:
-    """Two stages of one layer each, four microbatches."""
+    """Two stages of one layer each on four devices each, four microbatches."""
     out = Path("/tmp") / f"alpac-remat-{name}-{remat}-{budget}"
     options = {"stage-construction": {"layers": "2", "stages": "0-0,1-1", "micro_batches": "4",
-                                      "jobs": "1", "remat": remat}}
+                                      "stage_meshes": "1x4,1x4", "jobs": "1", "remat": remat}}
     compile_model(TESTDATA / "models" / f"{name}.hlo", load_cluster(CLUSTER),
                   build_pipeline(None, (), options), out, memory_budget=budget)
     return out

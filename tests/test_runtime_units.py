@@ -18,7 +18,7 @@ from test_runtime_plans import pipeline_plan
 
 from alpac.plan.schedule import bubble_fraction, max_live_microbatches, stage_tasks, timeline
 from alpac.runtime import resharding
-from alpac.runtime.comm import STATUS_ENV
+from alpac.runtime.status import STATUS_ENV
 from alpac.runtime.data import Param, entry_parameters, load_inputs, random_input, relative_errors
 from alpac.runtime.launcher import find_mpiexec, parse_mpi_args
 

@@ -238,7 +238,16 @@ class _Pipeliner:
             if self.num_layers % pp:
                 raise UserError(f"strategy {strategy}: {self.num_layers} layers do not split "
                                 f"into {pp} equal stages (--layers sets the number)")
-        self.configs = [[MeshConfig(tuple(shape), False) for shape in cs] for cs in shapes]
+        self.pinned = _parse_ranges(self.options.stages, self.num_layers) \
+            if self.options.stages else None
+        if self.forced:
+            size = self.num_layers // self.forced[2]
+            self.pinned = [(k * size, (k + 1) * size - 1) for k in range(self.forced[2])]
+        self.pinned_meshes = _pinned_meshes(self.options.stage_meshes, self.pinned)
+        wanted = list(self.pinned_meshes.values())  # price only what some stage may use
+        self.configs = [[MeshConfig(tuple(shape), False) for shape in cs
+                         if not wanted or any(p.allows(sm, shape) for p in wanted)]
+                        for sm, cs in zip(self.submeshes, shapes)]
         self.modes = (Remat(self.options.remat),) if self.options.remat != "auto" else REMAT_MODES
 
     def tasks(self, keys, layers: LayerModules, hint=None) -> list[LayerTask]:
@@ -343,12 +352,7 @@ class _Pipeliner:
         self.prices = StagePrices(self.hashes, self.solved, self.again, self.reference,
                                   self.second, self.budget, self.launch,
                                   [a * b for a, b in self.submeshes], self.cluster.num_devices)
-
-        pinned = _parse_ranges(self.options.stages, n) if self.options.stages else None
-        if self.forced:
-            size = n // self.forced[2]
-            pinned = [(k * size, (k + 1) * size - 1) for k in range(self.forced[2])]
-        meshes = _pinned_meshes(self.options.stage_meshes, pinned)
+        meshes = self.pinned_meshes
 
         def stage_cost(first, last, m, k, B):
             config = self.stage_configs[m][k]
@@ -361,7 +365,7 @@ class _Pipeliner:
         try:
             plan = stage_dp(n, self.submeshes, self.stage_configs, cluster.nodes,
                             cluster.devices_per_node, self.candidates, stage_cost,
-                            fixed_stages=pinned,
+                            fixed_stages=self.pinned,
                             admissible=self.prices.admissible(self.stage_configs))
         except NoFeasiblePlan as e:
             if e.min_memory is None:  # no stage may run anywhere (a forced grid that no

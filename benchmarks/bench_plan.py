@@ -78,7 +78,8 @@ def main() -> None:
                 "auto <= grid": ("yes" if t_auto <= best * (1 + 1e-9) else "NO") if best else "-",
             })
             print(rows[-1], flush=True)
-    write_results("plan_quality", "Automatic plan vs the best Megatron grid plan", rows,
+    write_results("plan_quality_batch64",
+                  "Automatic plan vs the best Megatron grid plan, batch 64, reduced depth", rows,
                   f"Estimates by alpac's cost model on the p3.16xlarge cluster spec; batch "
                   f"{args.batch} sequences of 1024 tokens, f16 compute, Adam with f32 state; "
                   f"full width, reduced depth.")

@@ -113,6 +113,24 @@ def best_grid(model: Path, cluster, blocks: int, tmp: Path) -> dict:
     return {"best": best, "tried": tried, "fit": fit}
 
 
+def grid_table(results: list[dict]) -> list[dict]:
+    rows = []
+    for r in results:
+        auto, grid = r["auto"], r.get("grid")
+        best = (grid or {}).get("best")
+        rows.append({
+            "case": f"GPT-{r['case']}", "auto plan": auto["plan"],
+            "auto s": f"{auto['iteration_s']:.2f}",
+            "best grid plan": f"{best['strategy']}: {best['plan']}" if best else "-",
+            "grid plans that fit": f"{grid['fit']} of {grid['tried']}" if grid else "not run",
+            "grid s": f"{best['iteration_s']:.2f}" if best else "-",
+            "auto / grid": f"{auto['iteration_s'] / best['iteration_s']:.3f}" if best else "-",
+            "auto <= grid": ("yes" if auto["iteration_s"] <= best["iteration_s"] * (1 + 1e-9)
+                             else "NO") if best else "-",
+        })
+    return rows
+
+
 def table(results: list[dict]) -> list[dict]:
     rows = []
     for r in results:
@@ -157,6 +175,14 @@ def main() -> None:
     order = CASES.split(",")
     results = sorted((json.loads(p.read_text()) for p in done.glob("*.json")),
                      key=lambda r: order.index(r["case"]) if r["case"] in order else 99)
+    write_results("plan_quality", "Automatic plan vs the best Megatron grid plan, GPT suite at "
+                  "batch 1024", grid_table(results),
+                  "Estimates by alpac's cost model on p3.16xlarge clusters; batch 1024 x 1024 "
+                  "tokens, f16, Adam with f32 state, full depth. Grid plans: every dp x tp x pp "
+                  "(tp inside a node, pp dividing the blocks), each with the distributed "
+                  "optimizer where dp > 1 and the stage DP's per-layer recomputation, at its best "
+                  "microbatch count. From `python benchmarks/bench_suite.py` (figures in "
+                  "`suite/`); the batch-64 table is `plan_quality_batch64.md`.")
     write_results("suite", "The GPT suite at batch 1024: automatic plan vs Alpa's and the grid",
                   table(results),
                   "Estimates by alpac's cost model on p3.16xlarge clusters (V100-16GB, NVLink, "

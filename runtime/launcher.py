@@ -4,8 +4,9 @@ per `--devices-per-rank` devices).
 After `--`, `np 8`, `-np 8` and `-n 8` set the number of ranks (default: the plan's devices
 divided by the devices per rank); other arguments go to mpiexec as they are. The mpiexec is
 the one installed with the `mpich` package (or `--mpiexec PATH`). Each rank runs
-`python -m alpac.runtime.launcher PLAN --worker ...` (`alpac.runtime.worker`); run that way directly under
-an existing `mpiexec`, it works without the launcher.
+`python -m alpac.runtime.launcher PLAN --worker ...` (`alpac.runtime.worker`) under a guard
+that records when it ended (`alpac.runtime.guard`); run that way directly under an existing
+`mpiexec`, it works without the launcher.
 
 The launcher checks the plan before starting anything (a missing or corrupt plan, or one for
 another number of devices, ends with one line and exit code 2), passes the ranks' output

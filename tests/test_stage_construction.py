@@ -47,3 +47,23 @@ def test_range_costs_equal_summing_the_layers():
             for cost in layers[first + 1:last + 1]:
                 total = total + cost
             assert table(first, last) == total  # exactly: the DP breaks ties on these
+
+
+def test_the_largest_temporary_between_two_counts_follows_the_microbatch():
+    """The largest temporary is the larger of a per-example one (here 64 bytes per example of a
+    batch of 1024) and a weight-sized one (1 KiB): the fit from B=32 and B=1024 is exact at
+    both, bounds it from above between them, and past B=1024 keeps the value there."""
+    def true_at(B):
+        return max(64 * 1024 / B, 1024.0)
+
+    def cost(B):
+        return LayerCost(1.0, 0.0, 0.0, 0.0, true_at(B))
+
+    for B in (32, 64, 128, 256, 512, 1024):
+        fitted = LayerCost.fit(32, cost(32), 1024, cost(1024), B).transient_bytes
+        assert fitted >= true_at(B) - 1e-9
+        assert fitted < 2048 + 1e-9 or B == 32
+    assert LayerCost.fit(32, cost(32), 1024, cost(1024), 32).transient_bytes == true_at(32)
+    assert LayerCost.fit(32, cost(32), 1024, cost(1024), 1024).transient_bytes \
+        == true_at(1024)
+    assert LayerCost.fit(32, cost(32), 16, cost(16), 4096).transient_bytes == true_at(32)

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from alpac.runtime.comm import EXIT_CHECK, EXIT_USAGE
 from alpac.runtime.probes import Point, collective_bytes, dot_shapes, dot_side, grid
+from alpac.runtime.status import STATUS_ENV, write_json
 
 PROGRESS = "progress.json"
 TAG_GATHER = (1 << 28) + 18
@@ -188,7 +189,6 @@ def worker(phase: str, work: Path) -> int:
     from alpac.runtime.worker import configure_devices
     platform = configure_devices(spec["k"], opts.platform)
     from alpac.runtime.comm import Comm, describe, fail
-    from alpac.runtime.status import STATUS_ENV
     comm = Comm(opts.timeout)
     status = os.environ.get(STATUS_ENV)
     if status:  # lets the launcher name a rank that dies without a word
@@ -218,14 +218,14 @@ def _measure(comm, phase: str, work: Path, points: list[Point], k: int, platform
     for done, (i, p) in enumerate(mine):
         comm.barrier(f"the other ranks to measure {p.describe()}")
         if comm.rank == 0:
-            _write_json(work / PROGRESS, {"phase": phase, "done": done, "total": len(mine),
+            write_json(work / PROGRESS, {"phase": phase, "done": done, "total": len(mine),
                                           "what": p.describe()})
         seconds.append(rank.measure(p))
     per_rank = comm.gather_obj(seconds, TAG_GATHER, "the measurements")
     if comm.rank == 0:  # the median over the ranks that took part
         medians = {i: statistics.median(s[j] for s in per_rank if s[j] is not None)
                    for j, (i, _) in enumerate(mine)}
-        _write_json(work / f"{phase}.json", {"seconds": medians, "info": info})
+        write_json(work / f"{phase}.json", {"seconds": medians, "info": info})
     comm.barrier("the other ranks to finish")
     if phase == "inter":
         jax.distributed.shutdown()
@@ -255,12 +255,6 @@ def _cpuinfo() -> list[str]:
         return Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
         return []
-
-
-def _write_json(path: Path, data) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
 
 
 # ---- the calibrated file -------------------------------------------------------------------

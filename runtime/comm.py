@@ -16,7 +16,6 @@ while running (raised, timed out, was killed).
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import sys
@@ -27,12 +26,11 @@ from pathlib import Path
 
 import numpy as np
 
-from alpac.runtime.status import STATUS_ENV
+from alpac.runtime.status import STATUS_ENV, write_json
 
 EXIT_CHECK = 1
 EXIT_USAGE = 2
 EXIT_RUNTIME = 3
-
 
 
 class RankTimeout(Exception):
@@ -196,11 +194,9 @@ def report_error(rank: int | None, message: str, code: int, detail: str | None =
     where = f"rank {rank}: " if rank is not None else ""
     if status:
         try:
-            path = Path(status) / f"error.rank{rank if rank is not None else 'x'}.json"
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"rank": rank, "message": message, "code": code,
-                                       "time": time.time(), "detail": detail}))
-            os.replace(tmp, path)
+            write_json(Path(status) / f"error.rank{rank if rank is not None else 'x'}.json",
+                       {"rank": rank, "message": message, "code": code, "time": time.time(),
+                        "detail": detail})
             return
         except OSError:
             pass

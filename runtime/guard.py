@@ -11,7 +11,6 @@ dies with it (PR_SET_PDEATHSIG) should the guard itself be killed.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -19,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from alpac.runtime.status import STATUS_ENV
+from alpac.runtime.status import STATUS_ENV, write_json
 
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -40,11 +39,8 @@ def main(argv: list[str]) -> int:
     code = child.wait()
     status = os.environ.get(STATUS_ENV)
     if status:
-        record = {"pid": child.pid, "time": time.time(), "code": code}
-        path = Path(status) / f"ended.pid{child.pid}.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(record))
-        tmp.replace(path)
+        write_json(Path(status) / f"ended.pid{child.pid}.json",
+                   {"pid": child.pid, "time": time.time(), "code": code})
     if code < 0:  # end the way the child did, so that mpiexec reports the same signal
         if -code in _FORWARDED:
             signal.signal(-code, signal.SIG_DFL)

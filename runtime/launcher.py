@@ -330,8 +330,7 @@ def _supervise(cmd, env, status: Path, n: int, debug: bool, prog: str = "alpa-ru
     first_error = min(errors, key=lambda e: e["time"]) if errors else None
     reported = {e.get("rank") for e in errors}
     # a rank that vanished without a word before any rank reported an error was killed
-    gone = deaths.gone()
-    silent = {r: gone[r] for r in deaths.silent() if r not in reported}
+    silent = {r: t for r, t in deaths.silent().items() if r not in reported}
     if silent and (first_error is None or min(silent.values()) < first_error["time"]):
         dead = min(silent, key=silent.get)  # mpiexec ended the others after it
         how = f" ({out.exit_string})" if out.exit_string else f" (mpiexec exit code {rc})"
@@ -405,12 +404,12 @@ class _Deaths:
             ended[record["pid"]] = record["time"]
         return {rank: ended[pid] for rank, pid in self.pids.items() if pid in ended}
 
-    def silent(self) -> list[int]:
-        """Ranks that ended with neither an error report nor a normal finish."""
-        return [rank for rank in self.gone()
+    def silent(self) -> dict[int, float]:
+        """rank -> wall time it ended, of the ranks that ended with neither an error report
+        nor a normal finish."""
+        return {rank: t for rank, t in self.gone().items()
                 if not (self.status / f"done.rank{rank}").exists()
-                and not (self.status / f"error.rank{rank}.json").exists()]
-
+                and not (self.status / f"error.rank{rank}.json").exists()}
 
 
 if __name__ == "__main__":

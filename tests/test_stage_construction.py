@@ -62,7 +62,7 @@ def test_the_largest_temporary_between_two_counts_follows_the_microbatch():
     for B in (32, 64, 128, 256, 512, 1024):
         fitted = LayerCost.fit(32, cost(32), 1024, cost(1024), B).transient_bytes
         assert fitted >= true_at(B) - 1e-9
-        assert fitted < 2048 + 1e-9 or B == 32
+        assert B == 32 or fitted < 2048  # the larger of the two points was 2048 throughout
     assert LayerCost.fit(32, cost(32), 1024, cost(1024), 32).transient_bytes == true_at(32)
     assert LayerCost.fit(32, cost(32), 1024, cost(1024), 1024).transient_bytes \
         == true_at(1024)

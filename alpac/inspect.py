@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from alpac.analysis.costs import CostTable
+from alpac.analysis.layerloops import find_layer_loops
 from alpac.hlo import Module
 from alpac.units import si
 
@@ -36,6 +37,7 @@ def summarize(module: Module, costs: CostTable | None = None) -> dict:
                      "parameter_index": list(a.parameter_index), "kind": a.kind}
                     for a in module.input_output_alias],
         "buffer_donors": [[p, list(i)] for p, i in module.buffer_donors],
+        **find_layer_loops(module).summary(),
     }
     if costs is not None:
         total = costs.total
@@ -76,3 +78,7 @@ def render(summary: dict, console: Console) -> None:
     console.print(f"outputs: {len(summary['outputs'])} "
                   f"({si(sum(o['bytes'] for o in summary['outputs']))}B), "
                   f"aliased to inputs: {len(summary['aliases'])}")
+    for line in summary["layer_loops"]:
+        console.print(f"layer loop {line}")
+    for line in summary["other_loops"]:
+        console.print(f"[dim]loop {line}, not a layer loop[/]")

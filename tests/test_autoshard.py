@@ -24,8 +24,10 @@ from alpac.hlo.transforms import flatten_entry_tuple_params, inline_calls
 from alpac.intraop.autoshard import auto_shard
 from alpac.intraop.builder import build_graph
 from alpac.intraop.ilp import brute_force, solve
+from alpac.intraop.rules import keep_to
 from alpac.plan.cluster import default_cluster, load_cluster
 from alpac.plan.mesh import LogicalMesh
+from alpac.plan.sharding import Sharding
 from alpac.plan.verify import compiled_collectives
 from alpac.xla.bridge import compile_hlo, cpu_devices, run_hlo_single_device
 
@@ -385,3 +387,37 @@ def test_canonical_hash_ignores_names_and_order_not_structure():
     changed = module.clone()  # one add made a subtract: another program
     next(x for x in changed.entry.instructions if x.opcode == "add").opcode = "subtract"
     assert canonical_hash(changed) != canonical_hash(module)
+
+
+# The seam between two layers inside one stage: `a` ends layer 1 (its ILP split the rows),
+# `b` starts layer 2 (its ILP, with `a` an input it could take in any sharding, split the
+# columns, as do the three dots that read it).
+SEAM = """HloModule seam
+
+ENTRY main {
+  x = f32[64,64]{1,0} parameter(0)
+  w0 = f32[64,64]{1,0} parameter(1)
+  w1 = f32[64,64]{1,0} parameter(2)
+  w2 = f32[64,64]{1,0} parameter(3)
+  w3 = f32[64,64]{1,0} parameter(4)
+  a = f32[64,64]{1,0} dot(x, w0), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  b = f32[64,64]{1,0} negate(a)
+  c1 = f32[64,64]{1,0} dot(w1, b), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  c2 = f32[64,64]{1,0} dot(w2, b), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  c3 = f32[64,64]{1,0} dot(w3, b), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT out = (f32[64,64]{1,0}, f32[64,64]{1,0}, f32[64,64]{1,0}) tuple(c1, c2, c3)
+}
+"""
+
+
+def test_a_follower_hinted_apart_from_its_operand_reshards_once():
+    """A follower whose hint its operand's sharding cannot give (layers' ILPs disagreeing at a
+    seam) takes a sharding of its own: the operand is resharded once, not once per user."""
+    rows, cols = Sharding.split(2, 0, (0,)), Sharding.split(2, 1, (0,))
+    hints = {"x": rows, "a": rows, "b": cols, "c1": cols, "c2": cols, "c3": cols}
+    result = auto_shard(parse_hlo(SEAM), LogicalMesh.parse("2"), default_cluster(),
+                        allow=keep_to(hints), time_limit=30)
+    shardings = {r["instruction"]: r["sharding"] for r in result.decisions()}
+    assert (shardings["a"], shardings["b"]) == ("S0,R", "R,S0")
+    resharded = [(i, c.kind) for i, c, _ in result.collectives if c.kind != "all-reduce"]
+    assert resharded == [("a", "all-to-all")]

@@ -47,6 +47,21 @@ def while_trip_count(loop: Instruction) -> tuple[int, bool]:
     return (1, True) if n is None else (n, False)
 
 
+def loop_counter(loop: Instruction) -> tuple[int, float, float] | None:
+    """(state index, start, step) of the loop's counter: the element its condition compares,
+    starting at a constant and stepped by a constant in the body."""
+    compare = _through(loop.called("condition").root)
+    if compare.opcode != "compare" or len(compare.operands) != 2:
+        return None
+    for operand in compare.operands:
+        index = _param_index(operand, loop.called("condition"))
+        if index is not None:
+            start = _element_value(loop.operands[0], index)
+            step = _counter_step(loop.called("body"), index)
+            return None if start is None or step is None else (index, start, step)
+    return None
+
+
 def _through(instr: Instruction) -> Instruction:
     while instr.opcode in _THROUGH and instr.operands:
         instr = instr.operands[0]

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from alpac.analysis.layerloops import find_layer_loops
 from alpac.errors import UserError
 from alpac.hlo.opcodes import CONTRACTIONS
 from alpac.interop import pipeline as pl
@@ -59,6 +60,15 @@ LOOPED_LAYERS = ("fewer than two dots or convolutions of the forward pass sit ou
                  "a loop yet, so the step runs as one stage")
 
 
+def looped_layers(module) -> str:
+    """Why a step whose layers a loop applies runs as one stage, naming the layer loops."""
+    loops = find_layer_loops(module).loops
+    if not loops:
+        return LOOPED_LAYERS
+    return (f"the layers are applied by loops ({'; '.join(x.describe() for x in loops)}): "
+            f"pipeline stages cannot be cut inside a loop yet, so the step runs as one stage")
+
+
 def construct_stages(module, split, costs, cluster, budget: float, options: StageOptions,
                      progress=None, stats: dict | None = None) -> StageAssignment:
     """The stages of the step (module docstring); a pipeline's figures and where its time
@@ -85,7 +95,8 @@ def construct_stages(module, split, costs, cluster, budget: float, options: Stag
         return StageAssignment((whole(_mesh("", cluster)),),
                                microbatching_refused=reason or "no training step found")
     if sum(is_heavy(x) for x in layer_anchored(split)) < 2:
-        return StageAssignment((whole(_mesh("", cluster)),), pipelining_refused=LOOPED_LAYERS)
+        return StageAssignment((whole(_mesh("", cluster)),),
+                               pipelining_refused=looped_layers(module))
     return _Pipeliner(module, split, costs, cluster, budget, options, progress,
                       {} if stats is None else stats).run()
 

@@ -745,6 +745,114 @@ def hf_resnet_train() -> JaxSpec:
                                     "10-class cross-entropy, AdamW")
 
 
+# ---- layers applied by a loop (Flax nn.scan), and the same model unrolled ------------------
+#
+# Production JAX code (MaxText, Praxis, Levanter) stacks its layers' weights on a leading axis
+# and applies them with a scan: one `while` in the forward, one in the backward. The unrolled
+# twin is the same model and the same weights (the stacked arrays cut along the layer axis),
+# written as a Python loop: plans of the two should not differ.
+
+SCAN_LM = dict(SMALL, layers=6, vocab=VOCAB, seq=SEQ, batch=BATCH)
+
+
+def _scan_lm_module(scan: bool, remat: bool):
+    import flax.linen as nn
+    import jax.numpy as jnp
+    cfg = SCAN_LM
+
+    class Block(nn.Module):
+        """Pre-LN decoder block: causal self-attention and a GELU MLP, residuals around both."""
+
+        @nn.compact
+        def __call__(self, x, _):
+            mask = nn.make_causal_mask(jnp.ones(x.shape[:2], jnp.int32))
+            h = nn.SelfAttention(num_heads=cfg["heads"], deterministic=True,
+                                 name="attention")(nn.LayerNorm(name="ln1")(x), mask=mask)
+            x = x + h
+            h = nn.Dense(cfg["ff"], name="fc_in")(nn.LayerNorm(name="ln2")(x))
+            return x + nn.Dense(cfg["hidden"], name="fc_out")(nn.gelu(h)), None
+
+    class LM(nn.Module):
+        @nn.compact
+        def __call__(self, ids):
+            embed = nn.Embed(cfg["vocab"], cfg["hidden"], name="embed")
+            pos = self.param("positions", nn.initializers.normal(0.02),
+                             (cfg["seq"], cfg["hidden"]))
+            x = embed(ids) + pos[None, : ids.shape[1]]
+            block = nn.remat(Block) if remat else Block
+            if scan:
+                x, _ = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
+                               length=cfg["layers"])(name="layers")(x, None)
+            else:
+                for k in range(cfg["layers"]):
+                    x, _ = block(name=f"layer_{k}")(x, None)
+            return embed.attend(nn.LayerNorm(name="ln_f")(x))  # tied output embedding
+    return LM()
+
+
+def _scan_lm_params():
+    """The scanned model's weights (layers stacked on axis 0), rounded like every zoo input."""
+    import jax
+    ids = np.zeros((1, SCAN_LM["seq"]), np.int32)
+    return _quantized(_plain(_scan_lm_module(True, False).init(jax.random.PRNGKey(7), ids)))
+
+
+def _unstacked(params):
+    """The scanned model's weights as the unrolled model names them: layer k is slice k."""
+    import jax
+    out = {k: v for k, v in params["params"].items() if k != "layers"}
+    for k in range(SCAN_LM["layers"]):
+        out[f"layer_{k}"] = jax.tree_util.tree_map(lambda a: np.asarray(a)[k],
+                                                   params["params"]["layers"])
+    return {"params": out}
+
+
+def _scan_lm(scan: bool, remat: bool, train: bool) -> JaxSpec:
+    model = _scan_lm_module(scan, remat)
+    params = _scan_lm_params() if scan else _unstacked(_scan_lm_params())
+    rng = np.random.default_rng(11)
+    batch = {"input_ids": _ids(rng, SCAN_LM["batch"], SCAN_LM["seq"], SCAN_LM["vocab"])}
+    how = ("Flax nn.scan over the blocks (weights stacked on a leading layer axis: a while "
+           "loop in the forward and one in the backward)" if scan else
+           "the blocks applied by a Python loop (the scanned programs' model and weights, "
+           "unrolled)")
+    description = (f"Pre-LN decoder LM ({SCAN_LM['layers']} blocks, hidden {SCAN_LM['hidden']}"
+                   f", {SCAN_LM['heads']} heads, tied embedding), {how}"
+                   + (", nn.remat around each block (opt-barrier in the loop body)"
+                      if remat else ""))
+    config = dict(SCAN_LM, scan=scan, remat=remat, model="flax.linen decoder LM")
+    if not train:
+        return JaxSpec(description, config, lambda p, b: model.apply(p, b["input_ids"]),
+                       (params, batch), ("params", "batch"), remat=remat)
+
+    def loss_fn(params, state, b):
+        logits = model.apply(params, b["input_ids"])
+        return _ce(logits[:, :-1], b["input_ids"][:, 1:]), state
+    return _hf_train(None, loss_fn, batch, description=description + ", next-token "
+                     "cross-entropy, optax AdamW", config=config, seed=11, remat=remat,
+                     params=params)
+
+
+def flax_scan_lm_train() -> JaxSpec:
+    return _scan_lm(scan=True, remat=False, train=True)
+
+
+def flax_scan_remat_lm_train() -> JaxSpec:
+    return _scan_lm(scan=True, remat=True, train=True)
+
+
+def flax_unrolled_lm_train() -> JaxSpec:
+    return _scan_lm(scan=False, remat=False, train=True)
+
+
+def flax_unrolled_remat_lm_train() -> JaxSpec:
+    return _scan_lm(scan=False, remat=True, train=True)
+
+
+def flax_scan_lm_fwd() -> JaxSpec:
+    return _scan_lm(scan=True, remat=False, train=False)
+
+
 JAX_PROGRAMS: dict[str, Callable[[], JaxSpec]] = {
     "hf_gpt2_train": hf_gpt2_train,
     "hf_bert_mlm_train": hf_bert_mlm_train,
@@ -766,6 +874,11 @@ JAX_PROGRAMS: dict[str, Callable[[], JaxSpec]] = {
     "hf_bert_fwd": hf_bert_fwd,
     "hf_t5_fwd": hf_t5_fwd,
     "hf_vit_fwd": hf_vit_fwd,
+    "flax_scan_lm_train": flax_scan_lm_train,
+    "flax_scan_remat_lm_train": flax_scan_remat_lm_train,
+    "flax_unrolled_lm_train": flax_unrolled_lm_train,
+    "flax_unrolled_remat_lm_train": flax_unrolled_remat_lm_train,
+    "flax_scan_lm_fwd": flax_scan_lm_fwd,
 }
 
 

@@ -237,7 +237,8 @@ def explain(plan_dir: Path, as_json: bool, pattern: str | None, limit: int,
     console.print(f"made by: alpac compile {plan['source']['file']} --passes "
                   f"'{_recorded_spec(plan)}'", markup=False, soft_wrap=True)
     if verify and not ex.verify(plan, plan_dir, console):
-        raise CheckFailed("XLA's collectives differ from the plan's prediction (see above)")
+        raise CheckFailed("XLA's collectives differ from the plan's prediction, or XLA refused "
+                          "a stage's module (see above)")
 
 
 def _predicted_and_measured(plan: dict, plan_dir: Path, trace_path: Path | None,

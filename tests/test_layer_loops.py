@@ -14,8 +14,13 @@ import pytest
 from conftest import SHARED, TESTDATA
 
 from alpac.analysis.layerloops import find_layer_loops
-from alpac.hlo import parse_hlo
+from alpac.analysis.tripcount import while_trip_count
+from alpac.hlo import parse_hlo, print_module
+from alpac.hlo.shapecheck import check_module
 from alpac.hlo.transforms import inline_calls
+from alpac.hlo.verify import verify_module
+from alpac.interop.loopsplit import split_layer_loop
+from alpac.xla.bridge import run_hlo_single_device
 from alpac.xla.loader import load_module
 
 ZOO = TESTDATA / "zoo" / "programs"
@@ -89,3 +94,42 @@ def test_threefry_rng_loops_are_not_layer_loops():
     found = loops_of(load_module(ZOO / "hf_gpt2_dropout_clip_sched_train.hlo"))
     assert not found.loops and found.others
     assert all("no dot" in why for _, why in found.others)
+
+
+def reference(name: str) -> tuple[list, list]:
+    with np.load(ZOO / f"{name}.npz") as z:
+        args = [z[f"arg{k}"] for k in range(sum(1 for f in z.files if f.startswith("arg")))]
+        outs = [z[f"out{k}"] for k in range(sum(1 for f in z.files if f.startswith("out")))]
+    return args, outs
+
+
+@pytest.mark.parametrize("name", ["flax_scan_lm_train", "flax_scan_remat_lm_train",
+                                  "flax_scan_lm_fwd"])
+def test_a_layer_loop_split_into_shorter_loops_computes_the_same(name):
+    """Forward split at layers 2 and 5, backward at its iterations 1 and 4 (each loop of
+    the split over its own slices): the step on one device equals the front end's result."""
+    module = load_module(ZOO / f"{name}.hlo")
+    found = loops_of(module)
+    for loop, cuts in zip(found.loops, ([2, 5], [1, 4])):
+        names = split_layer_loop(module, loop, cuts)
+        assert len(names) == 3
+    trips = [while_trip_count(x)[0] for x in module.entry.instructions if x.opcode == "while"]
+    assert trips == [2, 3, 1, 1, 3, 2][:3 * len(found.loops)]
+    args, want = reference(name)
+    got = run_hlo_single_device(print_module(module), args)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_maxtexts_layer_loops_split_into_well_formed_loops():
+    module = load_module(
+        SHARED / "hlo-corpus" / "nv_maxtext_1n1g_jit_train_step_before_optimization.hlo")
+    forward, backward = loops_of(module).loops
+    split_layer_loop(module, forward, [3])
+    split_layer_loop(module, backward, [5])
+    verify_module(module)
+    check_module(parse_hlo(print_module(module)), "split.hlo")
+    found = find_layer_loops(module)
+    assert [(x.trips, x.reverse) for x in found.loops] == \
+        [(3, False), (5, False), (5, True), (3, True)]

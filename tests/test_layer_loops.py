@@ -20,7 +20,10 @@ from alpac.hlo.shapecheck import check_module
 from alpac.hlo.transforms import inline_calls
 from alpac.hlo.verify import verify_module
 from alpac.interop.loopsplit import split_layer_loop
-from alpac.xla.bridge import run_hlo_single_device
+from alpac.intraop.autoshard import auto_shard
+from alpac.plan.cluster import default_cluster
+from alpac.plan.mesh import LogicalMesh
+from alpac.xla.bridge import compile_hlo, cpu_devices, run_hlo_single_device
 from alpac.xla.loader import load_module
 
 ZOO = TESTDATA / "zoo" / "programs"
@@ -133,3 +136,18 @@ def test_maxtexts_layer_loops_split_into_well_formed_loops():
     found = find_layer_loops(module)
     assert [(x.trips, x.reverse) for x in found.loops] == \
         [(3, False), (5, False), (5, True), (3, True)]
+
+
+def test_a_scanned_step_sharded_over_2x4_compiles_in_xla_and_computes_the_same():
+    """A loop's result read by a reduce-scattered dot (a manual region): XLA partitions the
+    get-tuple-element as the loop's element, so it reaches the region through a copy with
+    the sharding the region needs (XLA's SPMD partitioner refused the module before)."""
+    module = load_module(ZOO / "flax_scan_lm_train.hlo")
+    inline_calls(module)
+    mesh = LogicalMesh.parse("2x4")
+    result = auto_shard(module, mesh, default_cluster(), time_limit=30)
+    assert any(c.kind == "reduce-scatter" for _, c, _ in result.collectives)
+    args, want = reference("flax_scan_lm_train")
+    got = compile_hlo(print_module(result.module), cpu_devices(8)).run(args)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)

@@ -120,7 +120,7 @@ class RangeCosts:
             self.table[first, first:, 4] = np.maximum.accumulate(fields[first:, 4])
 
     def __call__(self, first: int, last: int) -> LayerCost:
-        return LayerCost(*(float(x) for x in self.table[first, last]))
+        return LayerCost(*self.table[first, last].tolist())
 
 
 class LayerModules:

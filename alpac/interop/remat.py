@@ -148,9 +148,12 @@ class RematMenu:
         self.extra = np.array([m[3] for m in moves], dtype=np.float64)
         self.saved = np.array([m[4] for m in moves], dtype=np.float64)
 
-    def choose(self, first: int, last: int, limit: float) -> tuple[float, float, dict] | None:
+    def choose(self, first: int, last: int, limit: float, modes: bool = True
+               ) -> tuple[float, float, dict | None] | None:
         """(extra seconds, bytes kept, layer -> Remat) of the cheapest choice for layers
-        first..last keeping at most `limit` bytes; None when even the most does not."""
+        first..last keeping at most `limit` bytes; None when even the most does not. Without
+        `modes` the choice per layer is left out (None): the stage DP asks for the price of
+        some 10^6 stages and needs the layers' modes of its answer only."""
         kept = float(self.base_kept[first:last + 1].sum())
         if kept <= limit:
             return 0.0, kept, {}
@@ -160,10 +163,11 @@ class RematMenu:
         if n > len(picks):
             return None
         taken = picks[:n]
-        modes = {}
-        for layer, mode in zip(self.layer[taken], self.mode[taken]):
-            modes[int(layer)] = REMAT_MODES[int(mode)]  # later moves of a layer go further
-        return float(self.extra[taken].sum()), kept - float(saved[n - 1]), modes
+        chosen = None
+        if modes:  # later moves of a layer go further
+            chosen = {int(layer): REMAT_MODES[int(mode)]
+                      for layer, mode in zip(self.layer[taken], self.mode[taken])}
+        return float(self.extra[taken].sum()), kept - float(saved[n - 1]), chosen
 
 
 def _hull(points: list[tuple[float, float, int]]) -> list[tuple[float, float, int]]:

@@ -145,6 +145,8 @@ class _Options:
     def __init__(self, search: _Search, B: int):
         self.B = B
         self.i, self.j, self.m, self.c = search.structural
+        self.keys = list(zip(self.i.tolist(), self.j.tolist(), self.m.tolist(),
+                             self.c.tolist(), [B] * len(self.i)))  # as Python ints
         n = len(self.i)
         self.lb = np.array([search.lower_bound(*self.key(k)[:4], B) for k in range(n)],
                            dtype=np.float64) if search.lower_bound else np.zeros(n)
@@ -157,7 +159,7 @@ class _Options:
         self.search = search
 
     def key(self, k):
-        return int(self.i[k]), int(self.j[k]), int(self.m[k]), int(self.c[k]), self.B
+        return self.keys[k]
 
     def ensure(self, tau: float, strict: bool = False):
         """Price every open stage whose lower bound is <= tau (< tau when strict)."""

@@ -67,27 +67,29 @@ class StagePrices:
             self.ranges[key] = RangeCosts(self.layers(m, c, mode, B))
         return self.ranges[key](first, last).with_launches(self.launch)
 
-    def priced(self, first: int, last: int, m: int, config: StageConfig, B: int
-               ) -> tuple[LayerCost, dict[int, Remat]] | None:
-        """The stage's figures and each layer's recomputation; None for a variant that holds
-        no more than keeping everything would, or cannot hold its target."""
+    def priced(self, first: int, last: int, m: int, config: StageConfig, B: int,
+               modes: bool = True) -> tuple[LayerCost, dict[int, Remat] | None] | None:
+        """The stage's figures and (with `modes`) each layer's recomputation; None for a
+        variant that holds no more than keeping everything would, or cannot hold its
+        target."""
         c, remat = config
         if isinstance(remat, Remat):
             return (self.uniform(first, last, m, c, remat, B),
-                    {layer: remat for layer in range(first, last + 1)})
+                    {layer: remat for layer in range(first, last + 1)} if modes else None)
         if remat > self.most_in_flight(last, m, B):
             return None
         base = self.uniform(first, last, m, c, Remat.NONE, B)
         limit = (self.budget - base.held_bytes) / remat
         if limit < 0 or base.activation_bytes <= limit:
             return None
-        chosen = self.menu(m, c, B).choose(first, last, limit)
+        chosen = self.menu(m, c, B).choose(first, last, limit, modes)
         if chosen is None:
             return None
-        extra, kept, modes = chosen
+        extra, kept, per_layer = chosen
         cost = LayerCost(base.t + extra, base.apply, base.static_bytes, kept,
                          base.transient_bytes)
-        return cost, {layer: modes.get(layer, Remat.NONE) for layer in range(first, last + 1)}
+        return cost, None if per_layer is None else {
+            layer: per_layer.get(layer, Remat.NONE) for layer in range(first, last + 1)}
 
     def admissible(self, configs: list[list[StageConfig]]):
         """For the stage DP: whether stages (arrays first, last, submesh, config index) can
@@ -118,7 +120,7 @@ class StagePrices:
 
     def stage_cost(self, first: int, last: int, m: int, config: StageConfig, B: int
                    ) -> StageCost | None:
-        priced = self.priced(first, last, m, config, B)
+        priced = self.priced(first, last, m, config, B, modes=False)
         if priced is None:
             return None
         cost = priced[0]

@@ -197,6 +197,10 @@ class _Emitter:
             for d, axes in enumerate(out.dim_axes)))
         manual_ops = []
         for operand, need in zip(instr.operands, st.inputs):
+            if operand.opcode == "get-tuple-element":
+                # XLA partitions it as its tuple's element, whatever its own annotation (a
+                # loop's result: the manual region then got another tile and XLA refused it)
+                operand = self.reshard_copy(operand, need)
             tile = need.tile_dims(operand.shape.dims, self.mesh_shape)
             manual_ops.append(self.add(comp, Instruction(
                 self.module.unique_name(f"{operand.name}.manual"), "custom-call",

@@ -12,13 +12,11 @@ says why each is not.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from alpac.analysis.tripcount import loop_counter, while_trip_count
+from alpac.analysis.tripcount import loop_counter, through, while_trip_count
 from alpac.hlo.ir import Computation, Instruction, Module
-from alpac.hlo.opcodes import CONTRACTIONS, RESHAPES, VALUE_COPIES
-
-_THROUGH = VALUE_COPIES | RESHAPES
+from alpac.hlo.opcodes import CONTRACTIONS
 
 
 @dataclass(frozen=True)
@@ -87,7 +85,7 @@ def _layer_loop(loop: Instruction) -> LayerLoop | str:
         if k == index:
             continue
         element = _elements(body, k)
-        if _through(out) in element:  # passed through unchanged
+        if through(out) in element:  # passed through unchanged
             order = slices.read_only(element)
             if order is None:
                 invariant.append(k)
@@ -121,20 +119,14 @@ def _paired(loops: list[LayerLoop], entry: Computation) -> list[LayerLoop]:
         init = by_name[loop.name].operands[0]
         saved_by = None
         for k in loop.stacked_inputs:
-            source = _through(init.operands[k])
+            source = through(init.operands[k])
             if source.opcode == "get-tuple-element":
                 earlier = next((e for e in out if e.name == source.operands[0].name), None)
                 if earlier and source.tuple_index in earlier.stacked_outputs:
                     saved_by = earlier.name
                     break
-        out.append(LayerLoop(**{**loop.__dict__, "reads_saved_by": saved_by}))
+        out.append(replace(loop, reads_saved_by=saved_by))
     return out
-
-
-def _through(instr: Instruction) -> Instruction:
-    while instr.opcode in _THROUGH and instr.operands:
-        instr = instr.operands[0]
-    return instr
 
 
 def _elements(body: Computation, k: int) -> set[Instruction]:
@@ -170,8 +162,8 @@ class _SliceIndex:
 
     def written(self, out: Instruction, element: set[Instruction]) -> bool | None:
         """The order in which the body writes one slice of the element per iteration."""
-        out = _through(out)
-        if out.opcode != "dynamic-update-slice" or _through(out.operands[0]) not in element:
+        out = through(out)
+        if out.opcode != "dynamic-update-slice" or through(out.operands[0]) not in element:
             return None
         return self.order(out.operands[2:], out.shape.dims, out.operands[1].shape.dims)
 
@@ -199,7 +191,7 @@ _COMPARE = {"LT": lambda a, b: a < b, "LE": lambda a, b: a <= b, "GT": lambda a,
 
 def _scalar(x: Instruction, body: Computation, counter: int, value: float):
     """A scalar index computed from constants and the counter (at `value`); None otherwise."""
-    x = _through(x)
+    x = through(x)
     if x.opcode == "constant":
         return x.scalar_constant()
     if x.opcode == "get-tuple-element" and x.operands[0] is body.parameters[0]:

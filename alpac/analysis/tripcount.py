@@ -27,7 +27,7 @@ def while_trip_count(loop: Instruction) -> tuple[int, bool]:
     if known:
         return int(known.group(1)), False
     cond, body = loop.called("condition"), loop.called("body")
-    compare = _through(cond.root)
+    compare = through(cond.root)
     if compare.opcode != "compare" or len(compare.operands) != 2:
         return 1, True
     direction = str(compare.attrs.get("direction", ""))
@@ -50,7 +50,7 @@ def while_trip_count(loop: Instruction) -> tuple[int, bool]:
 def loop_counter(loop: Instruction) -> tuple[int, float, float] | None:
     """(state index, start, step) of the loop's counter: the element its condition compares,
     starting at a constant and stepped by a constant in the body."""
-    compare = _through(loop.called("condition").root)
+    compare = through(loop.called("condition").root)
     if compare.opcode != "compare" or len(compare.operands) != 2:
         return None
     for operand in compare.operands:
@@ -62,7 +62,9 @@ def loop_counter(loop: Instruction) -> tuple[int, float, float] | None:
     return None
 
 
-def _through(instr: Instruction) -> Instruction:
+def through(instr: Instruction) -> Instruction:
+    """The value `instr` copies or reshapes (itself if it does neither): loop patterns are
+    read through such ops."""
     while instr.opcode in _THROUGH and instr.operands:
         instr = instr.operands[0]
     return instr
@@ -70,7 +72,7 @@ def _through(instr: Instruction) -> Instruction:
 
 def _param_index(instr: Instruction, comp: Computation) -> int | None:
     """k when `instr` is element k of `comp`'s tuple parameter."""
-    instr = _through(instr)
+    instr = through(instr)
     if (instr.opcode == "get-tuple-element" and instr.operands[0].opcode == "parameter"
             and instr.operands[0].parent is comp):
         return instr.tuple_index
@@ -79,15 +81,15 @@ def _param_index(instr: Instruction, comp: Computation) -> int | None:
 
 def _element_value(init: Instruction, index: int) -> float | None:
     """The constant the loop tuple's element `index` starts with, if it is one."""
-    init = _through(init)
+    init = through(init)
     if init.opcode != "tuple" or index >= len(init.operands):
         return None
-    return _through(init.operands[index]).scalar_constant()
+    return through(init.operands[index]).scalar_constant()
 
 
 def _invariant_value(instr: Instruction, cond: Computation, loop: Instruction) -> float | None:
     """A constant, or a tuple element the body passes through unchanged from a constant."""
-    value = _through(instr).scalar_constant()
+    value = through(instr).scalar_constant()
     if value is not None:
         return value
     index = _param_index(instr, cond)
@@ -103,14 +105,14 @@ def _counter_step(body: Computation, index: int) -> float | None:
     root = body.root
     if root.opcode != "tuple" or index >= len(root.operands):
         return None
-    update = _through(root.operands[index])
+    update = through(root.operands[index])
     if update.opcode not in ("add", "subtract") or len(update.operands) != 2:
         return None
     a, b = update.operands
     if _param_index(a, body) == index:
-        step = _through(b).scalar_constant()
+        step = through(b).scalar_constant()
     elif update.opcode == "add" and _param_index(b, body) == index:
-        step = _through(a).scalar_constant()
+        step = through(a).scalar_constant()
     else:
         return None
     if step is None:

@@ -14,7 +14,7 @@ import re
 from typing import Sequence
 
 from alpac.analysis.layerloops import LayerLoop
-from alpac.analysis.tripcount import loop_counter
+from alpac.analysis.tripcount import loop_counter, through
 from alpac.hlo.ir import Computation, ComputationRefs, Instruction, Module
 from alpac.hlo.shape import Shape
 from alpac.hlo.transforms import drop_unreachable, forward_tuples
@@ -183,9 +183,7 @@ def _condition(module: Module, condition: Computation, state: Shape, counter: in
                limit: float) -> Computation:
     """The condition with the counter's limit replaced (a constant in the comparison)."""
     copy, _ = _clone(module, condition, state)
-    compare = copy.root
-    while compare.opcode != "compare" and compare.operands:
-        compare = compare.operands[0]
+    compare = through(copy.root)  # as loop_counter reads it
     bounds = [k for k, o in enumerate(compare.operands) if o.opcode == "constant"]
     if compare.opcode != "compare" or len(bounds) != 1:
         raise ValueError(f"the condition {condition.name} does not compare the counter with "

@@ -20,6 +20,7 @@ def default_recipe() -> list[str]:
         "load",           # the model file -> IR
         "inline-calls",   # one flat entry computation (front ends keep library calls)
         "flatten-params",  # one parameter per array
+        "unroll-layer-loops",  # scanned layers unrolled where the step will be pipelined
         "cost-analysis",  # FLOPs, transcendentals and bytes of every instruction
         "batch-analysis",  # which inputs carry the batch, on which dimension
         "step-split",     # per-microbatch part, accumulated values, once-per-step update
@@ -39,6 +40,7 @@ def build_pipeline(spec: str | None = None, skip: tuple[str, ...] = (),
         if name not in registry:
             raise UserError(f"--skip-pass names unknown pass '{name}'; `alpac passes` lists "
                             f"them")
+    options = _mirror_stage_options(options or {})
     pipeline = []
     for name, spec_options in parse_pipeline(spec or ",".join(default_recipe())):
         if name not in registry:
@@ -48,6 +50,15 @@ def build_pipeline(spec: str | None = None, skip: tuple[str, ...] = (),
             merged = {**(options or {}).get(name, {}), **spec_options}
             pipeline.append(registry[name].with_options(merged))
     return pipeline
+
+
+def _mirror_stage_options(options: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+    """Layer loops are unrolled only for a step that may be pipelined: that pass sees the
+    stage options that say it will not be (--mesh, a one-stage --strategy)."""
+    stage = options.get("stage-construction", {})
+    mirrored = {k: stage[k] for k in ("mesh", "strategy") if k in stage}
+    return {**options, "unroll-layer-loops": {**mirrored,
+                                              **options.get("unroll-layer-loops", {})}}
 
 
 def compile_model(model_path: str | Path, cluster, pipeline: list[Pass], out_dir: str | Path,

@@ -7,6 +7,7 @@ BUILTIN_PASSES = {
     "load": "alpac.passes.load:LoadPass",
     "inline-calls": "alpac.passes.inline_calls:InlineCallsPass",
     "flatten-params": "alpac.passes.flatten_params:FlattenParamsPass",
+    "unroll-layer-loops": "alpac.passes.unroll_layer_loops:UnrollLayerLoopsPass",
     "cost-analysis": "alpac.passes.cost_analysis:CostAnalysisPass",
     "batch-analysis": "alpac.passes.batch_analysis:BatchAnalysisPass",
     "step-split": "alpac.passes.step_split:StepSplitPass",

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from alpac.hlo import Module
 from alpac.interop.emit import EmittedPlan, emit_plan
 from alpac.interop.stage import ShardedStages
+from alpac.interop.unroll import Unrolled
 from alpac.passes.manager import CompileContext, Pass
 
 
@@ -16,11 +17,13 @@ class EmitPass(Pass):
     name = "emit"
     description = "write the sharded HLO of every stage and the plan's stages and estimates"
     requires = (Module, ShardedStages)
+    optional = (Unrolled,)  # the program's inputs and outputs are then the source's pieces
     provides = (EmittedPlan,)
 
     def run(self, ctx: CompileContext) -> None:
         calibration = ctx.cluster.calibration
         emitted = emit_plan(ctx.get(Module), ctx.get(ShardedStages),
-                            calibration.launch_s if calibration else 0.0)
+                            calibration.launch_s if calibration else 0.0,
+                            ctx.find(Unrolled))
         ctx.put(emitted)
         ctx.stats["stages"] = list(emitted.solve_seconds)

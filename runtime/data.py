@@ -63,6 +63,56 @@ def program_parameters(program: Program, source: list[Param] | None) -> list[Par
     return [out[k] for k in sorted(out)]
 
 
+@dataclass
+class Layout:
+    """A plan whose layer loops the compiler unrolled: the program's parameters and outputs
+    are pieces of the source module's, rows [first, stop) of axis 0 or all of it (the
+    program's `layout`). Inputs are read and outputs given as the source's."""
+
+    parameters: list  # per program parameter: [source parameter, first, stop]
+    outputs: list  # per program output position: [source output position, first, stop]
+    aliases: list  # the source's [output position, parameter]
+
+    @staticmethod
+    def of(program: Program) -> "Layout | None":
+        d = program.layout
+        return Layout(d["parameters"], d["outputs"], d["aliases"]) if d else None
+
+    def program_parameters(self, source: list[Param]) -> list[Param]:
+        out = []
+        for number, (k, first, stop) in enumerate(self.parameters):
+            p = source[k]
+            if first is None:
+                out.append(Param(number, p.name, p.dtype, p.shape))
+            else:
+                out.append(Param(number, f"{p.name}[{first}:{stop}]", p.dtype,
+                                 [stop - first, *p.shape[1:]]))
+        return out
+
+    def sources(self, numbers) -> set[int]:
+        """The source parameters the program parameters `numbers` are cut from."""
+        return {self.parameters[n][0] for n in numbers}
+
+    def cut(self, arrays: dict[int, np.ndarray], numbers) -> dict[int, np.ndarray]:
+        """The program parameters `numbers` from the source's arrays."""
+        out = {}
+        for n in numbers:
+            k, first, stop = self.parameters[n]
+            out[n] = arrays[k] if first is None else np.ascontiguousarray(arrays[k][first:stop])
+        return out
+
+    def join(self, outputs: list[np.ndarray]) -> list[np.ndarray]:
+        """The source's outputs from the program's (pieces concatenated in row order)."""
+        parts: dict[int, list] = {}
+        for a, (k, first, _) in zip(outputs, self.outputs):
+            parts.setdefault(k, []).append((first or 0, a))
+        joined = []
+        for k in sorted(parts):
+            pieces = [a for _, a in sorted(parts[k], key=lambda p: p[0])]
+            joined.append(pieces[0] if len(pieces) == 1 else np.concatenate(pieces, axis=0))
+        return joined
+
+
 def load_inputs(path: Path | None, seed: int, params: list[Param],
                 needed: set[int]) -> dict[int, np.ndarray]:
     """Host arrays for the parameters in `needed`: from the npz file (keys arg<N> or the

@@ -115,8 +115,11 @@ class _Setup:
     program: Program
     tl: Timeline
     source_text: str | None
-    params: list
-    host_inputs: dict
+    params: list  # the program's parameters
+    host_inputs: dict  # by program parameter
+    layout: object  # data.Layout when the program's inputs are pieces of the source's
+    source_params: list  # the source module's parameters (the program's, without a layout)
+    source_inputs: dict  # by source parameter: what --check runs the source module on
     batch_size: int | None
     identity: dict  # the plan's source and program hashes, for the report
 
@@ -209,6 +212,8 @@ def _conclude(comm, opts: Options, jax, setup: _Setup, pieces, per_rank) -> int:
     if pieces is not None:
         outputs = assemble([p for part in pieces for p in part], setup.tl.outputs,
                            setup.program.num_micro_batches)
+        if setup.layout is not None:
+            outputs = setup.layout.join(outputs)
     if opts.save is not None:
         save(Path(opts.save), outputs)
     check = _check(opts, jax, setup, outputs) if opts.check else None
@@ -236,10 +241,10 @@ def _conclude(comm, opts: Options, jax, setup: _Setup, pieces, per_rank) -> int:
 def _check(opts: Options, jax, setup: _Setup, outputs: list) -> dict:
     """The outputs against the original module run `--iters` times on one local device."""
     from alpac.runtime.data import reference, relative_errors
-    args = [setup.host_inputs[p.number] for p in setup.params]
+    args = [setup.source_inputs[p.number] for p in setup.source_params]
     positions = {tuple(s.spec.index): s.position for s in setup.tl.outputs}
     aliases = [(positions[tuple(o)], p) for o, p in setup.program.aliases
-               if tuple(o) in positions]
+               if tuple(o) in positions] if setup.layout is None else setup.layout.aliases
     refs = reference(setup.source_text, args, aliases, opts.iters, jax.local_devices()[0])
     if len(refs) != len(outputs):
         raise RuntimeError(f"the original module has {len(refs)} outputs, the "
@@ -266,7 +271,7 @@ def _setup(comm, opts: Options) -> _Setup:
     from alpac.errors import UserError
     from alpac.plan.io import plan_identity
     from alpac.plan.program import load_program
-    from alpac.runtime.data import entry_parameters, load_inputs, program_parameters
+    from alpac.runtime.data import Layout, entry_parameters, load_inputs, program_parameters
     from alpac.runtime.timeline import build
 
     plan_dir = Path(opts.plan)
@@ -287,7 +292,11 @@ def _setup(comm, opts: Options) -> _Setup:
         raise UserError("--check needs the original module source.hlo in the plan",
                         path=str(plan_dir))
     source = entry_parameters(source_text, str(source_path)) if source_text else None
-    params = program_parameters(program, source)
+    layout = Layout.of(program)
+    if layout is not None and source is None:
+        raise UserError("the plan's layer loops were unrolled, and its inputs are pieces of "
+                        "source.hlo's parameters: source.hlo is missing", path=str(plan_dir))
+    params = layout.program_parameters(source) if layout else program_parameters(program, source)
     by_number = {p.number: p for p in params}
     for i in program.inputs:
         p = by_number.get(i.parameter)
@@ -300,16 +309,19 @@ def _setup(comm, opts: Options) -> _Setup:
                             f"the original module's parameter is "
                             f"{p.shape if p else 'missing'}", path=where)
     needed = {i.parameter for i in program.inputs}
+    source_params = source if layout else params
+    wanted = layout.sources(needed) if layout else set(needed)
     if opts.check and comm.rank == 0:
-        needed |= {p.number for p in params}
-    host_inputs = load_inputs(Path(opts.inputs) if opts.inputs else None, opts.seed, params,
-                              needed)
+        wanted |= {p.number for p in source_params}
+    source_inputs = load_inputs(Path(opts.inputs) if opts.inputs else None, opts.seed,
+                                source_params, wanted)
+    host_inputs = layout.cut(source_inputs, needed) if layout else source_inputs
     batch_size = next((program.values[i.value].shape[i.batch_dim] * program.num_micro_batches
                        for i in program.inputs if i.batch_dim is not None), None)
     if batch_size is None:
         batch_size = (stats.get("batch") or {}).get("size")
-    return _Setup(plan_dir, program, tl, source_text, params, host_inputs, batch_size,
-                  plan_identity(plan))
+    return _Setup(plan_dir, program, tl, source_text, params, host_inputs, layout,
+                  source_params, source_inputs, batch_size, plan_identity(plan))
 
 
 def _init_jax(comm, opts: Options, platform: str, distributed: bool):

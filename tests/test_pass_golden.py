@@ -24,8 +24,10 @@ CLUSTER = TESTDATA / "clusters" / "local-cpu.yaml"  # 8 devices, 3 GiB each
 TRAIN = GOLDEN / "inputs" / "train_step.hlo"  # 2-layer MLP step, SGD + momentum, batch 32
 BATCH_NORM = GOLDEN / "inputs" / "batch_norm_step.hlo"  # a batch statistic used per example
 
-RECIPE = ("load", "inline-calls", "flatten-params", "cost-analysis", "batch-analysis",
-          "step-split", "stage-construction", "intra-op-sharding", "reduce-scatter", "emit")
+RECIPE = ("load", "inline-calls", "flatten-params", "unroll-layer-loops", "cost-analysis",
+          "batch-analysis", "step-split", "stage-construction", "intra-op-sharding",
+          "reduce-scatter", "emit")
+SCANNED = GOLDEN / "unroll-layer-loops" / "input.hlo"  # 3 layers by lax.scan, momentum SGD
 # Run-dependent figures, dropped wherever they appear: pass times, ILP solve statistics (solve
 # time, gap, graph sizes, rounds, status) and the stage DP's call counts.
 RUN_DEPENDENT = {"pass_seconds", "ilp", "ilp_solve_time_s", "dp"}
@@ -96,6 +98,13 @@ def ir_after(name: str, *stat_keys: str) -> Callable[[Run], dict[str, str]]:
             out["expected.json"] = as_json({k: run.stats.get(k) for k in stat_keys})
         return out
     return collect
+
+
+def unrolled(run: Run) -> dict[str, str]:
+    """The unrolled IR, and how its parameters and outputs are pieces of the source's."""
+    return {"expected.hlo": run.dump("unroll-layer-loops"),
+            "expected.json": as_json({"layer_loops": run.plan["layer_loops"],
+                                      "unrolled": run.stats["unrolled"]})}
 
 
 def stats_entries(*keys: str) -> Callable[[Run], dict[str, str]]:
@@ -175,6 +184,8 @@ CASES = [
          ir_after("inline-calls", "inlined_calls", "dead_instructions"), dump=("inline-calls",)),
     Case("flatten-params", GOLDEN / "flatten-params" / "input.hlo", upto("flatten-params"),
          ir_after("flatten-params", "flattened_params"), dump=("flatten-params",)),
+    Case("unroll-layer-loops", SCANNED, upto("unroll-layer-loops"), unrolled,
+         dump=("unroll-layer-loops",)),
     # Analyses: what they found.
     Case("cost-analysis", GOLDEN / "cost-analysis" / "input.hlo", None, None,
          command=inspect_cost),

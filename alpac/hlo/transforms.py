@@ -36,10 +36,16 @@ def inline_calls(module: Module) -> int:
 
 
 def _inline_one(module: Module, comp: Computation, call: Instruction) -> None:
-    callee = call.called("to_apply")
+    inline_at(module, comp, call, call.called("to_apply"), call.operands)
+
+
+def inline_at(module: Module, comp: Computation, at: Instruction, callee: Computation,
+              operands) -> None:
+    """Replace `at` (a call, or a loop known to run once) by a copy of `callee`'s
+    instructions taking `operands` as its parameters."""
     mapping: dict[int, Instruction] = {}
     for param in callee.parameters:
-        mapping[id(param)] = call.operands[param.parameter_number]
+        mapping[id(param)] = operands[param.parameter_number]
     new_instrs: list[Instruction] = []
     for instr in callee.instructions:
         if instr.opcode == "parameter":
@@ -51,11 +57,11 @@ def _inline_one(module: Module, comp: Computation, call: Instruction) -> None:
         mapping[id(instr)] = clone
         new_instrs.append(clone)
     result = mapping[id(callee.root)]
-    if "sharding" in call.attrs and result in new_instrs:
-        result.attrs["sharding"] = call.attrs["sharding"]
-    position = comp.instructions.index(call)
+    if "sharding" in at.attrs and result in new_instrs:
+        result.attrs["sharding"] = at.attrs["sharding"]
+    position = comp.instructions.index(at)
     comp.instructions[position:position + 1] = new_instrs
-    replace_uses(comp, call, result)
+    replace_uses(comp, at, result)
 
 
 def forward_tuples(module: Module) -> int:

@@ -127,10 +127,13 @@ def layer_anchored(split) -> list:
     return [x for x in split.forward if x in owned]
 
 
-def cluster_into_layers(split, costs, num_layers: int = 0) -> tuple[dict[str, int], int]:
+def cluster_into_layers(split, costs, num_layers: int = 0,
+                        multiple_of: int = 1) -> tuple[dict[str, int], int]:
     """Forward activations into layers (Alpa's layer construction), backward ones paired
-    with the layer they differentiate. Values computed from inputs alone (masks, one-hot
-    labels) are left out: every stage recomputes them, so they cross no cut."""
+    with the layer they differentiate; a chosen number of layers is a multiple of
+    `multiple_of` (a forced pipeline's stages hold equally many). Values computed from inputs
+    alone (masks, one-hot labels) are left out: every stage recomputes them, so they cross no
+    cut."""
     forward = layer_anchored(split)
     index = {x: i for i, x in enumerate(forward)}
     flops = [costs[x].flops if x in costs else 0.0 for x in forward]
@@ -140,7 +143,7 @@ def cluster_into_layers(split, costs, num_layers: int = 0) -> tuple[dict[str, in
     if num_layers:
         n, clustering = num_layers, cluster_layers(flops, heavy, edges, num_layers)
     else:
-        n, clustering = _cheapest_to_price(forward, flops, heavy, edges)
+        n, clustering = _cheapest_to_price(forward, flops, heavy, edges, multiple_of)
     forward_layer = dict(zip(forward, clustering.layer_of_op))
     backward_layer = split.backward_layers(forward_layer)
     layer_of = {x.name: layer for x, layer in {**forward_layer, **backward_layer}.items()}
@@ -150,7 +153,7 @@ def cluster_into_layers(split, costs, num_layers: int = 0) -> tuple[dict[str, in
 _SOLVE_OVERHEAD_OPS = 50
 
 
-def _cheapest_to_price(forward, flops, heavy, edges):
+def _cheapest_to_price(forward, flops, heavy, edges, multiple_of: int = 1):
     """The layer count near Alpa's choice whose layers cost the least to price. Layers that
     are the same program up to names are priced once; a layer's ILPs grow about
     quadratically with its size, plus a fixed cost per solve (counted as a layer of
@@ -160,7 +163,11 @@ def _cheapest_to_price(forward, flops, heavy, edges):
     half a block, with five distinct layers instead of three."""
     base = choose_num_layers(flops, heavy, edges)
     best = None
-    for n in range(max(2, base // 2), min(sum(heavy), 2 * base, 128) + 1):
+    counts = [n for n in range(max(2, base // 2), min(sum(heavy), 2 * base, 128) + 1)
+              if n % multiple_of == 0]
+    if not counts:  # the largest multiple that has a heavy op per layer, if any
+        counts = [max(multiple_of, sum(heavy) // multiple_of * multiple_of)]
+    for n in counts:
         clustering = cluster_layers(flops, heavy, edges, n)
         shapes = {tuple((x.opcode, x.shape.without_layout())
                         for x in forward[clustering.bounds[k]:clustering.bounds[k + 1]])
@@ -216,8 +223,11 @@ class _Pipeliner:
     def cluster_layers(self) -> None:
         """Layers, the microbatch counts to consider, and each layer's module at a reference
         count."""
+        strategy = self.options.strategy
+        pp = parse_megatron(strategy, self.cluster.num_devices)[2] \
+            if strategy.startswith("megatron") else 1
         self.layer_of, self.num_layers = cluster_into_layers(self.split, self.costs,
-                                                             self.options.layers)
+                                                             self.options.layers, pp)
         self.lap("layer clustering")
         batch = self.split.batch.size
         limit = min(batch, self.options.max_micro_batches or batch)

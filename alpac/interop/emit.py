@@ -12,7 +12,8 @@ from alpac.interop.pipeline import assemble, role_modules
 from alpac.interop.pricing import pipelined_peak
 from alpac.interop.remat import checkpointed_layers
 from alpac.interop.stage import ShardedStage, ShardedStages
-from alpac.plan.program import single_stage_program
+from alpac.interop.unroll import Unrolled
+from alpac.plan.program import Program, single_stage_program
 from alpac.plan.schedule import bubble_share, step_seconds
 
 
@@ -29,24 +30,29 @@ class EmittedPlan:
         return self.entries
 
 
-def emit_plan(source: Module, sharded: ShardedStages, launch: float = 0.0) -> EmittedPlan:
+def emit_plan(source: Module, sharded: ShardedStages, launch: float = 0.0,
+              unrolled: Unrolled | None = None) -> EmittedPlan:
     """`launch`: seconds to launch one module execution (a calibrated cluster's), counted
-    once per module run."""
+    once per module run; `unrolled`: the layer loops unrolled before planning (the program's
+    inputs and outputs are then pieces of the module before)."""
     files: dict[str, str] = {}
     stages = [_stage_entry(s, files) for s in sharded.stages]
     entries = {"num_micro_batches": sharded.assignment.micro_batches, "stages": stages}
-    files["source.hlo"] = print_module(source)  # what --check runs
+    unrolled = unrolled if unrolled is not None and unrolled.loops else None
+    files["source.hlo"] = unrolled.source_text if unrolled else print_module(source)  # --check
     first = sharded.stages[0]
     if first.stage.pipeline_stage is None:
         program = single_stage_program(source, first.sharding.module, first.stage.mesh,
                                        stages[0]["module"])
+        program.layout = unrolled.layout() if unrolled else None
+        _loop_iterations(program, stages)
         entries["program"] = program.to_dict()
         entries["estimate"] = {
             "iteration_time_s": sum(e["estimate"]["time_s"] for e in stages) + launch,
             "peak_memory_bytes": max(e["estimate"]["peak_memory_bytes"] for e in stages),
         }
     else:
-        entries.update(_pipelined(source, sharded, stages, files, launch))
+        entries.update(_pipelined(source, sharded, stages, files, launch, unrolled))
     solves = tuple({"index": s.stage.index, "ilp_solve_time_s": s.sharding.solution.solve_time}
                    for s in sharded.stages)
     return EmittedPlan(files, entries, solves)
@@ -83,6 +89,22 @@ def _stage_entry(done: ShardedStage, files: dict[str, str]) -> dict:
     }
 
 
+def _loop_iterations(program: Program, entries: list[dict]) -> None:
+    """Per stage of a plan whose layer loops were unrolled, the loop iterations (rows of the
+    stacked inputs) its modules take."""
+    if not program.layout:
+        return
+    rows_of = {}
+    for i in program.inputs:
+        _, first, stop = program.layout["parameters"][i.parameter]
+        if first is not None:
+            rows_of[i.value] = range(first, stop)
+    for entry in entries:
+        rows = {r for m in program.modules if m.stage == entry["index"]
+                for p in m.parameters for r in rows_of.get(p.value, ())}
+        entry["loop_iterations"] = sorted(rows)
+
+
 def _remat_entry(stage) -> dict[str, str]:
     """Layer -> how its backward recomputes: the stage's choice, or `program` where the
     program recomputes itself (alpac then adds nothing)."""
@@ -92,7 +114,7 @@ def _remat_entry(stage) -> dict[str, str]:
 
 
 def _pipelined(source: Module, sharded: ShardedStages, entries: list[dict],
-               files: dict[str, str], launch: float) -> dict:
+               files: dict[str, str], launch: float, unrolled: Unrolled | None) -> dict:
     """Role modules of every stage, the program, and the pipeline's estimates."""
     graph, modules = sharded.assignment.pipeline
     B = sharded.assignment.micro_batches
@@ -105,6 +127,8 @@ def _pipelined(source: Module, sharded: ShardedStages, entries: list[dict],
                                    [s.stage.mesh for s in sharded.stages],
                                    source, B)
     files.update(role_files)
+    program.layout = unrolled.layout() if unrolled else None
+    _loop_iterations(program, entries)
     S = len(sharded.stages)
     times, applies, peaks = [], [], []
     for s, (done, entry) in enumerate(zip(sharded.stages, entries)):

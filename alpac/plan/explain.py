@@ -44,6 +44,8 @@ def render(plan: dict, plan_dir: Path, console: Console, pattern: str | None,
     for what in ("pipelining", "microbatching"):
         if reason := (plan.get(what) or {}).get("refused"):
             console.print(f"  [bold]{what} refused[/]: {reason}")
+    for loop in (plan.get("layer_loops") or {}).get("unrolled", []):
+        console.print(f"  layer loop unrolled (stacked arrays cut per layer): {loop}")
     if len(plan["stages"]) > 1:
         _pipeline_picture(plan, console)
     updates = {r["stage"]: r for r in plan.get("reduce_scatter") or []}
@@ -121,6 +123,9 @@ def render_stage(stage: dict, plan_dir: Path, console: Console, pattern: str | N
     console.print(f"time {duration(e['time_s'])} (compute {duration(e['compute_s'])}, "
                   f"communication {duration(e['communication_s'])}), peak memory "
                   f"{si(e['peak_memory_bytes'])}B per device")
+    if stage.get("loop_iterations"):
+        console.print(f"holds iterations {_ranges(stage['loop_iterations'])} of the layer "
+                      f"loops (their rows of the stacked weights and optimizer state)")
     if stage.get("remat"):
         console.print(_remat_line(stage["remat"], e))
     solve = ilp.get("solve_time_s")

@@ -17,6 +17,11 @@ to each other. Everything the runtime does follows from it:
   batch dimension over microbatches. `aliases` says which outputs are the next step's value
   of which inputs (the module's input_output_alias), for running several steps.
 - `schedule`: the pipeline schedule's name; `alpac.plan.schedule` turns it into the order of tasks.
+- `layout` (plans whose layer loops the compiler unrolled): the program's parameters and
+  outputs are pieces of the source module's. Per program parameter and output position
+  `[source, first, stop]`: rows [first, stop) of axis 0 of that source parameter or output
+  (first null: all of it); `aliases` are the source module's (output position, parameter).
+  alpa-run reads inputs for the source's parameters and gives the source's outputs.
 
 Values that live per microbatch have `scope` "microbatch"; the runtime keeps one instance per
 microbatch in flight.
@@ -115,9 +120,13 @@ class Program:
     num_micro_batches: int = 1
     schedule: str = "1f1b"
     microbatch_index: str | None = None  # a value the runtime sets to m (s32[]) per microbatch
+    layout: dict | None = None  # how inputs and outputs are pieces of the source's (above)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        if d["layout"] is None:  # (plans without unrolled loops are as they were)
+            del d["layout"]
+        return d
 
     @staticmethod
     def from_dict(d: dict) -> "Program":
@@ -134,7 +143,8 @@ class Program:
             aliases=[(list(o), int(p)) for o, p in d.get("aliases", [])],
             num_micro_batches=d.get("num_micro_batches", 1),
             schedule=d.get("schedule", "1f1b"),
-            microbatch_index=d.get("microbatch_index"))
+            microbatch_index=d.get("microbatch_index"),
+            layout=d.get("layout"))
 
     def transfer_bytes(self) -> int:
         """Bytes that cross between meshes in one step (per-microbatch transfers counted once

@@ -1,0 +1,365 @@
+"""Layer loops unrolled for pipelining, with their stacked arrays cut per layer.
+
+A pipeline stage is a set of instructions and a layer loop is one instruction: as a loop, the
+layers it applies cannot be spread over stages. Unrolled, each iteration is a layer of its own,
+the same program as its neighbours (the stage DP prices it once), and the step is the program
+its unrolled twin would be. The stacked arrays go with it: weights, optimizer state and
+gradients stacked on the layer axis are cut into one parameter (and output) per layer, so a
+stage holds only its own layers' rows. `Unrolled` says how the rewritten module's parameters
+and outputs are pieces of the source module's: the plan carries it, alpa-run feeds each piece
+its rows of the stacked input and concatenates the output pieces back.
+
+The iterations are unrolled rather than kept as one shorter loop per stage: the step split,
+stage construction and the role modules work per instruction, and a loop per stage needs its
+layers' pieces stacked again inside the stage (not done yet). The price: the module and the
+stage ILPs grow with the trip count.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from alpac.analysis.layerloops import find_layer_loops
+from alpac.hlo.ir import Alias, Instruction, Module
+from alpac.hlo.opcodes import ELEMENTWISE
+from alpac.hlo.printer import print_module
+from alpac.hlo.shape import Shape
+from alpac.hlo.transforms import forward_tuples, inline_at, remove_dead_code
+from alpac.interop.loopsplit import split_layer_loop
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A parameter or output of the rewritten module as part of the source module's: rows
+    [first, stop) of axis 0 of source parameter (or output position) `source`, or all of it."""
+
+    source: int
+    first: int | None = None
+    stop: int | None = None
+
+
+@dataclass(frozen=True)
+class Unrolled:
+    """The compile's layer loops, unrolled (the module docstring)."""
+
+    source_text: str | None  # the module before unrolling (alpa-run's inputs and --check)
+    loops: tuple[str, ...]  # the unrolled loops, described
+    parameters: tuple[Piece, ...]  # per parameter number of the rewritten module
+    outputs: tuple[Piece, ...]  # per position in the rewritten module's output tuple
+    aliases: tuple[tuple[int, int], ...]  # the source module's (output position, parameter)
+    whole: tuple[str, ...]  # stacked values a use still needs whole (concatenated)
+
+    def layout(self) -> dict:
+        """The plan's `program.layout`: how its inputs and outputs are the source's."""
+        return {"parameters": [[p.source, p.first, p.stop] for p in self.parameters],
+                "outputs": [[o.source, o.first, o.stop] for o in self.outputs],
+                "aliases": [list(a) for a in self.aliases]}
+
+    def plan_entries(self) -> dict:
+        if not self.loops:
+            return {}
+        return {"layer_loops": {"unrolled": list(self.loops),
+                                "cut_parameters": sum(p.first is not None
+                                                      for p in self.parameters),
+                                "concatenated_whole": list(self.whole)}}
+
+
+def unroll_layer_loops(module: Module) -> tuple[Module, Unrolled] | None:
+    """A copy of the module with its layer loops unrolled and their stacked arrays cut per
+    layer, or None when it has no layer loop read by a backward one (nothing to pipeline) or
+    its outputs are not a flat tuple."""
+    loops = find_layer_loops(module).loops
+    root = module.entry.root
+    if not any(loop.reads_saved_by for loop in loops) or root.opcode != "tuple" or \
+            any(o.shape.is_tuple for o in root.operands):
+        return None
+    source_text = print_module(module)
+    work = module.clone()
+    stacked: set[int] = set()  # the loops' stacked results, concatenated from their pieces
+    for loop in loops:
+        before = {id(x) for x in work.entry.instructions}
+        names = split_layer_loop(work, loop, range(1, loop.trips))
+        stacked |= {id(x) for x in work.entry.instructions
+                    if id(x) not in before and x.opcode == "concatenate"}
+        for name in names:
+            piece = next(x for x in work.entry.instructions if x.name == name)
+            inline_at(work, work.entry, piece, piece.called("body"), piece.operands)
+    forward_tuples(work)
+    _Cutter(work, stacked).run()
+    remove_dead_code(work)
+    parameters = _cut_parameters(work)
+    outputs = _cut_outputs(work, stacked)
+    aliases = _aliases(module, work, parameters, outputs)
+    if aliases is None:
+        return None
+    work.entry_layout = None
+    whole = tuple(sorted(x.name for x in work.entry.instructions if id(x) in stacked))
+    return work, Unrolled(source_text, tuple(loop.describe() for loop in loops),
+                          tuple(parameters), tuple(outputs), aliases, whole)
+
+
+class _Cutter:
+    """One pass in order over the entry: uses of a stacked concatenate are done per piece
+    where that is exact (elementwise, slices, reductions, row-keeping reshapes and
+    transposes), and the slices of a one-iteration loop's stacked state are its pieces."""
+
+    def __init__(self, module: Module, stacked: set[int]):
+        self.module, self.entry, self.stacked = module, module.entry, stacked
+        self.new: list[Instruction] = []
+        self.memo: dict[tuple, list[Instruction]] = {}  # (value, bounds) -> its pieces
+
+    def run(self) -> None:
+        out, replaced = [], {}
+        for x in self.entry.instructions:
+            x.operands = [replaced.get(id(o), o) for o in x.operands]
+            self.new = []
+            y = self.rewrite(x)
+            out += self.new + [x]
+            if y is not None:
+                replaced[id(x)] = y
+        self.entry.instructions = out
+        self.entry.root = replaced.get(id(self.entry.root), self.entry.root)
+
+    def rewrite(self, x: Instruction) -> Instruction | None:
+        op = x.opcode
+        if op == "dynamic-slice" and x.shape.dims == x.operands[0].shape.dims:
+            return x.operands[0]  # a whole-array slice (XLA clamps the start to 0)
+        if op == "dynamic-update-slice" and x.operands[1].shape.dims == x.shape.dims:
+            return x.operands[1]
+        cut = next((o for o in x.operands if id(o) in self.stacked), None)
+        if cut is None or not x.shape.dims or x.shape.is_tuple:
+            return None
+        bounds = _bounds(cut)
+        if op == "slice" and x.operands[0] is cut:
+            return self.slice(x, cut)
+        if op in ELEMENTWISE and x.shape.dims[0] == cut.shape.dims[0]:
+            return self.per_piece(x, bounds, [self.pieces(o, bounds) for o in x.operands])
+        keeps_rows = (op == "reshape" and x.shape.dims[0] == cut.shape.dims[0]) or \
+            (op == "transpose" and x.dims("dimensions")[0] == 0)
+        if keeps_rows:
+            return self.per_piece(x, bounds, [cut.operands])
+        if op == "reduce" and len(x.operands) == 2 and x.operands[0] is cut:
+            return self.reduce(x, cut, bounds)
+        return None
+
+    def pieces(self, o: Instruction, bounds) -> list[Instruction]:
+        """`o` cut along axis 0 at `bounds`: elementwise work is done per piece back to where
+        its operands are pieces already, broadcasts along the rows, or sliced (parameters,
+        whose slices become parameters of their own)."""
+        key = (id(o), tuple(bounds))
+        if key in self.memo:
+            return self.memo[key]
+        if o.shape.rank == 0:
+            return [o] * len(bounds)
+        if id(o) in self.stacked and _bounds(o) == bounds:
+            out = list(o.operands)
+        elif o.opcode == "broadcast" and 0 not in o.dims("dimensions"):
+            out = [self.add(o, "broadcast", _rows(o.shape, b - a), o.operands)
+                   for a, b in bounds]
+        elif o.opcode in ELEMENTWISE:
+            operands = [self.pieces(x, bounds) for x in o.operands]
+            out = [self.add(o, o.opcode, _rows(o.shape, b - a), [ops[k] for ops in operands])
+                   for k, (a, b) in enumerate(bounds)]
+        else:
+            out = [self.add(o, "slice", _rows(o.shape, b - a), [o],
+                            {"slice": _slice_text([(a, b)] + [(0, d)
+                                                               for d in o.shape.dims[1:]])})
+                   for a, b in bounds]
+        self.memo[key] = out
+        return out
+
+    def per_piece(self, x: Instruction, bounds, operands) -> Instruction:
+        parts = [self.add(x, x.opcode, _rows(x.shape, b - a), [ops[k] for ops in operands])
+                 for k, (a, b) in enumerate(bounds)]
+        return self.concatenate(x, parts)
+
+    def reduce(self, x: Instruction, cut: Instruction, bounds) -> Instruction | None:
+        """Per piece; over the layer axis, the pieces' results combined by the reducer (when
+        the initial value is its identity, so counting it once per piece changes nothing)."""
+        init = x.operands[1]
+        if 0 not in x.dims("dimensions"):
+            return self.concatenate(x, [self.add(x, "reduce", _rows(x.shape, b - a), [p, init])
+                                        for p, (a, b) in zip(cut.operands, bounds)])
+        combine = _combiner(x)
+        if combine is None:
+            return None
+        acc = None
+        for p in cut.operands:
+            partial = self.add(x, "reduce", x.shape, [p, init])
+            acc = partial if acc is None else self.add(x, combine, x.shape, [acc, partial], {})
+        return acc
+
+    def slice(self, x: Instruction, cut: Instruction) -> Instruction | None:
+        spans = _spans(x)
+        (a, b, stride), rest = spans[0], spans[1:]
+        whole_rows = all(s == (0, d, 1) for s, d in zip(rest, cut.shape.dims[1:]))
+        if stride != 1:
+            return None
+        covered, lo = [], 0
+        for part in cut.operands:
+            hi = lo + part.shape.dims[0]
+            if lo <= a and b <= hi:  # inside one piece
+                if (a, b) == (lo, hi) and whole_rows:
+                    return part
+                return self.add(x, "slice", x.shape, [part],
+                                {"slice": _slice_text([(a - lo, b - lo)]
+                                                      + [(s, e) for s, e, _ in rest])})
+            if a <= lo and hi <= b:
+                covered.append(part)
+            lo = hi
+        if whole_rows and covered and sum(p.shape.dims[0] for p in covered) == b - a:
+            return self.concatenate(x, covered)
+        return None
+
+    def add(self, like: Instruction, opcode: str, shape: Shape, operands,
+            attrs: dict | None = None) -> Instruction:
+        attrs = {k: v for k, v in (like.attrs if attrs is None else attrs).items()
+                 if k != "sharding"}
+        y = Instruction(self.module.unique_name(like.name), opcode, shape, operands, attrs,
+                        like.payload if opcode == like.opcode else None)
+        y.parent = self.entry
+        self.new.append(y)
+        return y
+
+    def concatenate(self, like: Instruction, parts: list[Instruction]) -> Instruction:
+        if len(parts) == 1:
+            return parts[0]
+        y = self.add(like, "concatenate", like.shape, parts, {"dimensions": "{0}"})
+        self.stacked.add(id(y))
+        return y
+
+
+_IDENTITY = {"add": lambda v: v == 0, "multiply": lambda v: v == 1,
+             "maximum": lambda v: v <= -3.4e38, "minimum": lambda v: v >= 3.4e38,
+             "or": lambda v: v == 0, "and": lambda v: v == 1}
+
+
+def _combiner(reduce: Instruction) -> str | None:
+    """The reducer's opcode when it is one binary op of its two parameters and the initial
+    value is that op's identity."""
+    body = reduce.called("to_apply")
+    root, init = body.root, reduce.operands[1].scalar_constant()
+    if root.opcode not in _IDENTITY or init is None or \
+            sorted(o.opcode for o in root.operands) != ["parameter", "parameter"]:
+        return None
+    return root.opcode if _IDENTITY[root.opcode](init) else None
+
+
+def _bounds(concat: Instruction) -> list[tuple[int, int]]:
+    out, lo = [], 0
+    for part in concat.operands:
+        out.append((lo, lo + part.shape.dims[0]))
+        lo += part.shape.dims[0]
+    return out
+
+
+def _rows(shape: Shape, n: int) -> Shape:
+    return shape.with_dims((n, *shape.dims[1:]))
+
+
+_SPAN = re.compile(r"\[\s*(\d+)\s*:\s*(\d+)\s*(?::\s*(\d+)\s*)?\]")
+
+
+def _spans(x: Instruction) -> list[tuple[int, int, int]]:
+    return [(int(a), int(b), int(s or 1)) for a, b, s in _SPAN.findall(str(x.attrs["slice"]))]
+
+
+def _slice_text(spans) -> str:
+    return "{" + ", ".join(f"[{a}:{b}]" for a, b in spans) + "}"
+
+
+def _cut_parameters(module: Module) -> list[Piece]:
+    """Entry parameters read only by slices of whole rows, disjoint: one parameter per slice
+    (the first keeps the number, the others are numbered after the last); the pieces by
+    new parameter number."""
+    entry = module.entry
+    users = entry.users()
+    pieces = {p.parameter_number: Piece(p.parameter_number) for p in entry.parameters}
+    for p in list(entry.parameters):
+        ranges = _row_ranges(p, users[p])
+        if ranges is None or entry.root is p:
+            continue
+        made = {}
+        for k, (a, b) in enumerate(ranges):
+            number = p.parameter_number if k == 0 else len(pieces)
+            name = f"{p.name}.layer{a}" if b - a == 1 else f"{p.name}.layers{a}-{b - 1}"
+            new = Instruction(module.unique_name(name), "parameter", _rows(p.shape, b - a),
+                              [], {}, str(number))
+            new.parent = entry
+            made[(a, b)] = new
+            pieces[number] = Piece(p.parameter_number, a, b)
+        at = entry.instructions.index(p)
+        entry.instructions[at:at + 1] = list(made.values())
+        for u in users[p]:
+            span = _spans(u)[0][:2]
+            for v in users[u]:
+                v.operands = [made[span] if o is u else o for o in v.operands]
+            if entry.root is u:
+                entry.root = made[span]
+    remove_dead_code(module)
+    return [pieces[k] for k in range(len(pieces))]
+
+
+def _row_ranges(p: Instruction, users) -> list[tuple[int, int]] | None:
+    """The disjoint row ranges slices of whole rows take of `p`, in order (None if another
+    use reads it, or two ranges overlap)."""
+    if p.shape.rank == 0 or not users:
+        return None
+    ranges = set()
+    for u in users:
+        if u.opcode != "slice":
+            return None
+        spans = _spans(u)
+        if spans[0][2] != 1 or any(s != (0, d, 1) for s, d in zip(spans[1:], p.shape.dims[1:])):
+            return None
+        ranges.add(spans[0][:2])
+    ordered = sorted(ranges)
+    if any(b > c for (_, b), (c, _) in zip(ordered, ordered[1:])) or len(ordered) < 2:
+        return None
+    return ordered
+
+
+def _cut_outputs(module: Module, stacked: set[int]) -> list[Piece]:
+    """Outputs that are stacked concatenates become one output per piece (the first keeps
+    the position, the others are appended)."""
+    root = module.entry.root
+    elements, pieces, extra = list(root.operands), [], []
+    for k, e in enumerate(list(elements)):
+        if id(e) not in stacked:
+            pieces.append(Piece(k))
+            continue
+        for j, ((a, b), part) in enumerate(zip(_bounds(e), e.operands)):
+            if j == 0:
+                elements[k] = part
+                pieces.append(Piece(k, a, b))
+            else:
+                extra.append((part, Piece(k, a, b)))
+    root.operands = elements + [part for part, _ in extra]
+    root.shape = Shape.tuple_of([o.shape for o in root.operands])
+    remove_dead_code(module)
+    return pieces + [piece for _, piece in extra]
+
+
+def _aliases(source: Module, work: Module, parameters: list[Piece],
+             outputs: list[Piece]) -> tuple[tuple[int, int], ...] | None:
+    """The rewritten module's aliases (an output piece aliases the parameter piece of the
+    same rows) and buffer donors; the source's aliases, or None where a cut output aliases a
+    parameter cut otherwise."""
+    pieces_of_param: dict[int, dict] = {}
+    for number, p in enumerate(parameters):
+        pieces_of_param.setdefault(p.source, {})[(p.first, p.stop)] = number
+    new_aliases = []
+    for alias in source.input_output_alias:
+        out = alias.output_index[0] if len(alias.output_index) == 1 else None
+        if out is None:
+            return None
+        mine = [(k, o) for k, o in enumerate(outputs) if o.source == out]
+        targets = pieces_of_param[alias.parameter_number]
+        if set(targets) != {(o.first, o.stop) for _, o in mine}:
+            return None
+        new_aliases += [Alias((k,), targets[(o.first, o.stop)], (), alias.kind) for k, o in mine]
+    work.input_output_alias = new_aliases
+    work.buffer_donors = [(number, ()) for d, _ in source.buffer_donors
+                          for number in pieces_of_param[d].values()]
+    return tuple((a.output_index[0], a.parameter_number) for a in source.input_output_alias)

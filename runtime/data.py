@@ -66,8 +66,9 @@ def program_parameters(program: Program, source: list[Param] | None) -> list[Par
 @dataclass
 class Layout:
     """A plan whose layer loops the compiler unrolled: the program's parameters and outputs
-    are pieces of the source module's, rows [first, stop) of axis 0 or all of it (the
-    program's `layout`). Inputs are read and outputs given as the source's."""
+    are pieces of the source module's, rows [first, stop) of axis 0 (one row without that
+    axis) or all of it (the program's `layout`). Inputs are read and outputs given as the
+    source's."""
 
     parameters: list  # per program parameter: [source parameter, first, stop]
     outputs: list  # per program output position: [source output position, first, stop]
@@ -85,8 +86,9 @@ class Layout:
             if first is None:
                 out.append(Param(number, p.name, p.dtype, p.shape))
             else:
+                rows = [] if stop - first == 1 else [stop - first]
                 out.append(Param(number, f"{p.name}[{first}:{stop}]", p.dtype,
-                                 [stop - first, *p.shape[1:]]))
+                                 rows + p.shape[1:]))
         return out
 
     def sources(self, numbers) -> set[int]:
@@ -98,14 +100,19 @@ class Layout:
         out = {}
         for n in numbers:
             k, first, stop = self.parameters[n]
-            out[n] = arrays[k] if first is None else np.ascontiguousarray(arrays[k][first:stop])
+            if first is None:
+                out[n] = arrays[k]
+            else:
+                rows = arrays[k][first] if stop - first == 1 else arrays[k][first:stop]
+                out[n] = np.ascontiguousarray(rows)
         return out
 
     def join(self, outputs: list[np.ndarray]) -> list[np.ndarray]:
         """The source's outputs from the program's (pieces concatenated in row order)."""
         parts: dict[int, list] = {}
-        for a, (k, first, _) in zip(outputs, self.outputs):
-            parts.setdefault(k, []).append((first or 0, a))
+        for a, (k, first, stop) in zip(outputs, self.outputs):
+            one_row = first is not None and stop - first == 1
+            parts.setdefault(k, []).append((first or 0, a[None] if one_row else a))
         joined = []
         for k in sorted(parts):
             pieces = [a for _, a in sorted(parts[k], key=lambda p: p[0])]

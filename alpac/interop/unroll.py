@@ -32,7 +32,8 @@ from alpac.interop.loopsplit import split_layer_loop
 @dataclass(frozen=True)
 class Piece:
     """A parameter or output of the rewritten module as part of the source module's: rows
-    [first, stop) of axis 0 of source parameter (or output position) `source`, or all of it."""
+    [first, stop) of axis 0 of source parameter (or output position) `source`, or all of it.
+    A piece of one row has no axis 0 (the layer's own weight, as the unrolled twin has it)."""
 
     source: int
     first: int | None = None
@@ -76,12 +77,12 @@ def unroll_layer_loops(module: Module) -> tuple[Module, Unrolled] | None:
         return None
     source_text = print_module(module)
     work = module.clone()
-    stacked: set[int] = set()  # the loops' stacked results, concatenated from their pieces
+    stacked: set[Instruction] = set()  # the loops' stacked results, concatenated from pieces
     for loop in loops:
-        before = {id(x) for x in work.entry.instructions}
+        before = set(work.entry.instructions)
         names = split_layer_loop(work, loop, range(1, loop.trips))
-        stacked |= {id(x) for x in work.entry.instructions
-                    if id(x) not in before and x.opcode == "concatenate"}
+        stacked |= {x for x in work.entry.instructions
+                    if x not in before and x.opcode == "concatenate"}
         for name in names:
             piece = next(x for x in work.entry.instructions if x.name == name)
             inline_at(work, work.entry, piece, piece.called("body"), piece.operands)
@@ -90,24 +91,27 @@ def unroll_layer_loops(module: Module) -> tuple[Module, Unrolled] | None:
     remove_dead_code(work)
     parameters = _cut_parameters(work)
     outputs = _cut_outputs(work, stacked)
+    _Squeezer(work).run()
+    remove_dead_code(work)
     aliases = _aliases(module, work, parameters, outputs)
     if aliases is None:
         return None
     work.entry_layout = None
-    whole = tuple(sorted(x.name for x in work.entry.instructions if id(x) in stacked))
+    whole = tuple(sorted(x.name for x in work.entry.instructions if x in stacked))
     return work, Unrolled(source_text, tuple(loop.describe() for loop in loops),
                           tuple(parameters), tuple(outputs), aliases, whole)
 
 
-class _Cutter:
-    """One pass in order over the entry: uses of a stacked concatenate are done per piece
-    where that is exact (elementwise, slices, reductions, row-keeping reshapes and
-    transposes), and the slices of a one-iteration loop's stacked state are its pieces."""
+class _Rewriter:
+    """One pass in order over the entry: `rewrite(x)` returns what replaces x (or None), and
+    the instructions it made with `add` go before x."""
 
-    def __init__(self, module: Module, stacked: set[int]):
-        self.module, self.entry, self.stacked = module, module.entry, stacked
+    def __init__(self, module: Module):
+        self.module, self.entry = module, module.entry
         self.new: list[Instruction] = []
-        self.memo: dict[tuple, list[Instruction]] = {}  # (value, bounds) -> its pieces
+
+    def rewrite(self, x: Instruction) -> Instruction | None:
+        raise NotImplementedError
 
     def run(self) -> None:
         out, replaced = [], {}
@@ -121,13 +125,34 @@ class _Cutter:
         self.entry.instructions = out
         self.entry.root = replaced.get(id(self.entry.root), self.entry.root)
 
+    def add(self, like: Instruction, opcode: str, shape: Shape, operands,
+            attrs: dict | None = None) -> Instruction:
+        attrs = {k: v for k, v in (like.attrs if attrs is None else attrs).items()
+                 if k != "sharding"}
+        y = Instruction(self.module.unique_name(like.name), opcode, shape, operands, attrs,
+                        like.payload if opcode == like.opcode else None)
+        y.parent = self.entry
+        self.new.append(y)
+        return y
+
+
+class _Cutter(_Rewriter):
+    """Uses of a stacked concatenate done per piece where that is exact (elementwise, slices,
+    reductions, row-keeping reshapes and transposes), and the slices of a one-iteration
+    loop's stacked state are its pieces."""
+
+    def __init__(self, module: Module, stacked: set[Instruction]):
+        super().__init__(module)
+        self.stacked = stacked
+        self.memo: dict[tuple, list[Instruction]] = {}  # (value, bounds) -> its pieces
+
     def rewrite(self, x: Instruction) -> Instruction | None:
         op = x.opcode
         if op == "dynamic-slice" and x.shape.dims == x.operands[0].shape.dims:
             return x.operands[0]  # a whole-array slice (XLA clamps the start to 0)
         if op == "dynamic-update-slice" and x.operands[1].shape.dims == x.shape.dims:
             return x.operands[1]
-        cut = next((o for o in x.operands if id(o) in self.stacked), None)
+        cut = next((o for o in x.operands if o in self.stacked), None)
         if cut is None or not x.shape.dims or x.shape.is_tuple:
             return None
         bounds = _bounds(cut)
@@ -147,12 +172,12 @@ class _Cutter:
         """`o` cut along axis 0 at `bounds`: elementwise work is done per piece back to where
         its operands are pieces already, broadcasts along the rows, or sliced (parameters,
         whose slices become parameters of their own)."""
-        key = (id(o), tuple(bounds))
+        key = (o, tuple(bounds))
         if key in self.memo:
             return self.memo[key]
         if o.shape.rank == 0:
             return [o] * len(bounds)
-        if id(o) in self.stacked and _bounds(o) == bounds:
+        if o in self.stacked and _bounds(o) == bounds:
             out = list(o.operands)
         elif o.opcode == "broadcast" and 0 not in o.dims("dimensions"):
             out = [self.add(o, "broadcast", _rows(o.shape, b - a), o.operands)
@@ -212,22 +237,47 @@ class _Cutter:
             return self.concatenate(x, covered)
         return None
 
-    def add(self, like: Instruction, opcode: str, shape: Shape, operands,
-            attrs: dict | None = None) -> Instruction:
-        attrs = {k: v for k, v in (like.attrs if attrs is None else attrs).items()
-                 if k != "sharding"}
-        y = Instruction(self.module.unique_name(like.name), opcode, shape, operands, attrs,
-                        like.payload if opcode == like.opcode else None)
-        y.parent = self.entry
-        self.new.append(y)
-        return y
-
     def concatenate(self, like: Instruction, parts: list[Instruction]) -> Instruction:
         if len(parts) == 1:
             return parts[0]
         y = self.add(like, "concatenate", like.shape, parts, {"dimensions": "{0}"})
-        self.stacked.add(id(y))
+        self.stacked.add(y)
         return y
+
+
+class _Squeezer(_Rewriter):
+    """One-row pieces have no row axis: elementwise work on pieces that are reshapes of
+    row-less values is done row-less (the reshape moves after it), and a reshape of a
+    reshape is one reshape, or none."""
+
+    def rewrite(self, x: Instruction) -> Instruction | None:
+        if x.opcode == "reshape":
+            source = x.operands[0]
+            while source.opcode == "reshape":
+                source = source.operands[0]
+            if source.shape.dims == x.shape.dims:
+                return source
+            if source is not x.operands[0]:
+                return self.add(x, "reshape", x.shape, [source])
+            return None
+        if x.opcode not in ELEMENTWISE or x.shape.rank == 0:
+            return None
+        sources = [o.operands[0] for o in x.operands if o.opcode == "reshape"]
+        if not sources or any(s.shape.dims != sources[0].shape.dims for s in sources):
+            return None
+        dims = sources[0].shape.dims
+        operands = []
+        for o in x.operands:
+            if o.opcode == "reshape":
+                operands.append(o.operands[0])
+            elif o.shape.rank == 0:
+                operands.append(o)
+            elif o.opcode == "broadcast" and o.operands[0].shape.rank == 0:
+                operands.append(self.add(o, "broadcast", o.shape.with_dims(dims), o.operands))
+            else:
+                return None
+        inner = self.add(x, x.opcode, x.shape.with_dims(dims), operands)
+        return self.add(x, "reshape", x.shape, [inner], {})
 
 
 _IDENTITY = {"add": lambda v: v == 0, "multiply": lambda v: v == 1,
@@ -258,6 +308,13 @@ def _rows(shape: Shape, n: int) -> Shape:
     return shape.with_dims((n, *shape.dims[1:]))
 
 
+def _piece_shape(shape: Shape, first: int, stop: int) -> Shape:
+    """Rows [first, stop) of `shape`; one row without its row axis."""
+    if stop - first == 1:
+        return Shape(shape.dtype, shape.dims[1:], None)
+    return _rows(shape, stop - first)
+
+
 _SPAN = re.compile(r"\[\s*(\d+)\s*:\s*(\d+)\s*(?::\s*(\d+)\s*)?\]")
 
 
@@ -280,17 +337,23 @@ def _cut_parameters(module: Module) -> list[Piece]:
         ranges = _row_ranges(p, users[p])
         if ranges is None or entry.root is p:
             continue
-        made = {}
+        made, placed = {}, []
         for k, (a, b) in enumerate(ranges):
             number = p.parameter_number if k == 0 else len(pieces)
             name = f"{p.name}.layer{a}" if b - a == 1 else f"{p.name}.layers{a}-{b - 1}"
-            new = Instruction(module.unique_name(name), "parameter", _rows(p.shape, b - a),
-                              [], {}, str(number))
-            new.parent = entry
+            new = Instruction(module.unique_name(name), "parameter",
+                              _piece_shape(p.shape, a, b), [], {}, str(number))
+            placed.append(new)
+            if b - a == 1:  # read with its row axis, as the slice gave it
+                new = Instruction(module.unique_name(f"{name}.row"), "reshape",
+                                  _rows(p.shape, 1), [new])
+                placed.append(new)
             made[(a, b)] = new
             pieces[number] = Piece(p.parameter_number, a, b)
+        for x in placed:
+            x.parent = entry
         at = entry.instructions.index(p)
-        entry.instructions[at:at + 1] = list(made.values())
+        entry.instructions[at:at + 1] = placed
         for u in users[p]:
             span = _spans(u)[0][:2]
             for v in users[u]:
@@ -320,16 +383,18 @@ def _row_ranges(p: Instruction, users) -> list[tuple[int, int]] | None:
     return ordered
 
 
-def _cut_outputs(module: Module, stacked: set[int]) -> list[Piece]:
+def _cut_outputs(module: Module, stacked: set[Instruction]) -> list[Piece]:
     """Outputs that are stacked concatenates become one output per piece (the first keeps
     the position, the others are appended)."""
     root = module.entry.root
     elements, pieces, extra = list(root.operands), [], []
     for k, e in enumerate(list(elements)):
-        if id(e) not in stacked:
+        if e not in stacked:
             pieces.append(Piece(k))
             continue
         for j, ((a, b), part) in enumerate(zip(_bounds(e), e.operands)):
+            if b - a == 1:
+                part = _squeezed(module, part)
             if j == 0:
                 elements[k] = part
                 pieces.append(Piece(k, a, b))
@@ -339,6 +404,15 @@ def _cut_outputs(module: Module, stacked: set[int]) -> list[Piece]:
     root.shape = Shape.tuple_of([o.shape for o in root.operands])
     remove_dead_code(module)
     return pieces + [piece for _, piece in extra]
+
+
+def _squeezed(module: Module, part: Instruction) -> Instruction:
+    """A one-row piece without its row axis."""
+    y = Instruction(module.unique_name(f"{part.name}.unrow"), "reshape",
+                    _piece_shape(part.shape, 0, 1), [part])
+    y.parent = module.entry
+    module.entry.instructions.insert(module.entry.instructions.index(module.entry.root), y)
+    return y
 
 
 def _aliases(source: Module, work: Module, parameters: list[Piece],

@@ -66,12 +66,12 @@ def program_parameters(program: Program, source: list[Param] | None) -> list[Par
 @dataclass
 class Layout:
     """A plan whose layer loops the compiler unrolled: the program's parameters and outputs
-    are pieces of the source module's, rows [first, stop) of axis 0 (one row without that
-    axis) or all of it (the program's `layout`). Inputs are read and outputs given as the
-    source's."""
+    are pieces of the source module's, rows [first, stop) of the layer axis (one row without
+    that axis) or all of it (the program's `layout`). Inputs are read and outputs given as
+    the source's."""
 
-    parameters: list  # per program parameter: [source parameter, first, stop]
-    outputs: list  # per program output position: [source output position, first, stop]
+    parameters: list  # per program parameter: [source parameter, first, stop, axis]
+    outputs: list  # per program output position: [source output position, first, stop, axis]
     aliases: list  # the source's [output position, parameter]
 
     @staticmethod
@@ -81,14 +81,14 @@ class Layout:
 
     def program_parameters(self, source: list[Param]) -> list[Param]:
         out = []
-        for number, (k, first, stop) in enumerate(self.parameters):
+        for number, (k, first, stop, axis) in enumerate(self.parameters):
             p = source[k]
             if first is None:
                 out.append(Param(number, p.name, p.dtype, p.shape))
             else:
                 rows = [] if stop - first == 1 else [stop - first]
                 out.append(Param(number, f"{p.name}[{first}:{stop}]", p.dtype,
-                                 rows + p.shape[1:]))
+                                 p.shape[:axis] + rows + p.shape[axis + 1:]))
         return out
 
     def sources(self, numbers) -> set[int]:
@@ -99,24 +99,29 @@ class Layout:
         """The program parameters `numbers` from the source's arrays."""
         out = {}
         for n in numbers:
-            k, first, stop = self.parameters[n]
+            k, first, stop, axis = self.parameters[n]
             if first is None:
                 out[n] = arrays[k]
             else:
-                rows = arrays[k][first] if stop - first == 1 else arrays[k][first:stop]
+                rows = np.take(arrays[k], first if stop - first == 1 else range(first, stop),
+                               axis=axis)
                 out[n] = np.ascontiguousarray(rows)
         return out
 
     def join(self, outputs: list[np.ndarray]) -> list[np.ndarray]:
         """The source's outputs from the program's (pieces concatenated in row order)."""
         parts: dict[int, list] = {}
-        for a, (k, first, stop) in zip(outputs, self.outputs):
+        axes = {}
+        for a, (k, first, stop, axis) in zip(outputs, self.outputs):
             one_row = first is not None and stop - first == 1
-            parts.setdefault(k, []).append((first or 0, a[None] if one_row else a))
+            parts.setdefault(k, []).append((first or 0, np.expand_dims(a, axis) if one_row
+                                             else a))
+            axes[k] = axis
         joined = []
         for k in sorted(parts):
             pieces = [a for _, a in sorted(parts[k], key=lambda p: p[0])]
-            joined.append(pieces[0] if len(pieces) == 1 else np.concatenate(pieces, axis=0))
+            joined.append(pieces[0] if len(pieces) == 1
+                          else np.concatenate(pieces, axis=axes[k]))
         return joined
 
 

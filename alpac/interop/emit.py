@@ -96,7 +96,7 @@ def _loop_iterations(program: Program, entries: list[dict]) -> None:
         return
     rows_of = {}
     for i in program.inputs:
-        _, first, stop = program.layout["parameters"][i.parameter]
+        _, first, stop, _ = program.layout["parameters"][i.parameter]
         if first is not None:
             rows_of[i.value] = range(first, stop)
     for entry in entries:

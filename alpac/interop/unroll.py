@@ -32,12 +32,14 @@ from alpac.interop.loopsplit import split_layer_loop
 @dataclass(frozen=True)
 class Piece:
     """A parameter or output of the rewritten module as part of the source module's: rows
-    [first, stop) of axis 0 of source parameter (or output position) `source`, or all of it.
-    A piece of one row has no axis 0 (the layer's own weight, as the unrolled twin has it)."""
+    [first, stop) on `axis` (the layer axis) of source parameter (or output position)
+    `source`, or all of it. A piece of one row has no layer axis (the layer's own weight, as
+    the unrolled twin has it)."""
 
     source: int
     first: int | None = None
     stop: int | None = None
+    axis: int = 0
 
 
 @dataclass(frozen=True)
@@ -53,8 +55,8 @@ class Unrolled:
 
     def layout(self) -> dict:
         """The plan's `program.layout`: how its inputs and outputs are the source's."""
-        return {"parameters": [[p.source, p.first, p.stop] for p in self.parameters],
-                "outputs": [[o.source, o.first, o.stop] for o in self.outputs],
+        return {"parameters": [[p.source, p.first, p.stop, p.axis] for p in self.parameters],
+                "outputs": [[o.source, o.first, o.stop, o.axis] for o in self.outputs],
                 "aliases": [list(a) for a in self.aliases]}
 
     def plan_entries(self) -> dict:
@@ -138,13 +140,14 @@ class _Rewriter:
 
 class _Cutter(_Rewriter):
     """Uses of a stacked concatenate done per piece where that is exact (elementwise, slices,
-    reductions, row-keeping reshapes and transposes), and the slices of a one-iteration
-    loop's stacked state are its pieces."""
+    reductions, transposes, reshapes that keep the rows), the slices of a one-iteration
+    loop's stacked state are its pieces, and a slice of a transpose is taken before it (the
+    stacked weights of MaxText lie on axis 1 and are transposed for the loop)."""
 
     def __init__(self, module: Module, stacked: set[Instruction]):
         super().__init__(module)
         self.stacked = stacked
-        self.memo: dict[tuple, list[Instruction]] = {}  # (value, bounds) -> its pieces
+        self.memo: dict[tuple, list[Instruction]] = {}  # (value, axis, bounds) -> its pieces
 
     def rewrite(self, x: Instruction) -> Instruction | None:
         op = x.opcode
@@ -152,60 +155,69 @@ class _Cutter(_Rewriter):
             return x.operands[0]  # a whole-array slice (XLA clamps the start to 0)
         if op == "dynamic-update-slice" and x.operands[1].shape.dims == x.shape.dims:
             return x.operands[1]
+        if op == "slice" and x.operands[0].opcode == "transpose" and \
+                x.operands[0] not in self.stacked:
+            return self.slice_before_transpose(x)
         cut = next((o for o in x.operands if o in self.stacked), None)
-        if cut is None or not x.shape.dims or x.shape.is_tuple:
+        if cut is None or x.shape.is_tuple:
             return None
-        bounds = _bounds(cut)
+        axis, bounds = _cut_of(cut)
         if op == "slice" and x.operands[0] is cut:
-            return self.slice(x, cut)
-        if op in ELEMENTWISE and x.shape.dims[0] == cut.shape.dims[0]:
-            return self.per_piece(x, bounds, [self.pieces(o, bounds) for o in x.operands])
-        keeps_rows = (op == "reshape" and x.shape.dims[0] == cut.shape.dims[0]) or \
-            (op == "transpose" and x.dims("dimensions")[0] == 0)
-        if keeps_rows:
-            return self.per_piece(x, bounds, [cut.operands])
+            return self.slice(x, cut, axis, bounds)
+        if op in ELEMENTWISE and x.shape.dims == cut.shape.dims:
+            return self.per_piece(x, axis, bounds,
+                                  [self.pieces(o, axis, bounds) for o in x.operands])
+        if op == "transpose" and x.operands[0] is cut:
+            return self.per_piece(x, x.dims("dimensions").index(axis), bounds, [cut.operands])
+        keeps_rows = x.shape.dims == cut.shape.dims or (axis == 0 and x.shape.dims[:1]
+                                                        == cut.shape.dims[:1])
+        if op == "reshape" and keeps_rows:  # a new layout, or rows reshaped
+            return self.per_piece(x, axis, bounds, [cut.operands])
         if op == "reduce" and len(x.operands) == 2 and x.operands[0] is cut:
-            return self.reduce(x, cut, bounds)
+            return self.reduce(x, cut, axis, bounds)
         return None
 
-    def pieces(self, o: Instruction, bounds) -> list[Instruction]:
-        """`o` cut along axis 0 at `bounds`: elementwise work is done per piece back to where
-        its operands are pieces already, broadcasts along the rows, or sliced (parameters,
+    def pieces(self, o: Instruction, axis: int, bounds) -> list[Instruction]:
+        """`o` cut along `axis` at `bounds`: elementwise work is done per piece back to where
+        its operands are pieces already, broadcasts along the axis, or sliced (parameters,
         whose slices become parameters of their own)."""
-        key = (o, tuple(bounds))
+        key = (o, axis, tuple(bounds))
         if key in self.memo:
             return self.memo[key]
         if o.shape.rank == 0:
             return [o] * len(bounds)
-        if o in self.stacked and _bounds(o) == bounds:
+        if o in self.stacked and _cut_of(o) == (axis, bounds):
             out = list(o.operands)
-        elif o.opcode == "broadcast" and 0 not in o.dims("dimensions"):
-            out = [self.add(o, "broadcast", _rows(o.shape, b - a), o.operands)
+        elif o.opcode == "broadcast" and axis not in o.dims("dimensions"):
+            out = [self.add(o, "broadcast", _along(o.shape, axis, b - a), o.operands)
                    for a, b in bounds]
         elif o.opcode in ELEMENTWISE:
-            operands = [self.pieces(x, bounds) for x in o.operands]
-            out = [self.add(o, o.opcode, _rows(o.shape, b - a), [ops[k] for ops in operands])
-                   for k, (a, b) in enumerate(bounds)]
+            operands = [self.pieces(x, axis, bounds) for x in o.operands]
+            out = [self.add(o, o.opcode, _along(o.shape, axis, b - a),
+                            [ops[k] for ops in operands]) for k, (a, b) in enumerate(bounds)]
         else:
-            out = [self.add(o, "slice", _rows(o.shape, b - a), [o],
-                            {"slice": _slice_text([(a, b)] + [(0, d)
-                                                               for d in o.shape.dims[1:]])})
+            out = [self.add(o, "slice", _along(o.shape, axis, b - a), [o],
+                            {"slice": _slice_text([(a, b) if d == axis else (0, n)
+                                                   for d, n in enumerate(o.shape.dims)])})
                    for a, b in bounds]
         self.memo[key] = out
         return out
 
-    def per_piece(self, x: Instruction, bounds, operands) -> Instruction:
-        parts = [self.add(x, x.opcode, _rows(x.shape, b - a), [ops[k] for ops in operands])
-                 for k, (a, b) in enumerate(bounds)]
-        return self.concatenate(x, parts)
+    def per_piece(self, x: Instruction, axis: int, bounds, operands) -> Instruction:
+        parts = [self.add(x, x.opcode, _along(x.shape, axis, b - a),
+                          [ops[k] for ops in operands]) for k, (a, b) in enumerate(bounds)]
+        return self.concatenate(x, axis, parts)
 
-    def reduce(self, x: Instruction, cut: Instruction, bounds) -> Instruction | None:
+    def reduce(self, x: Instruction, cut: Instruction, axis: int,
+               bounds) -> Instruction | None:
         """Per piece; over the layer axis, the pieces' results combined by the reducer (when
         the initial value is its identity, so counting it once per piece changes nothing)."""
-        init = x.operands[1]
-        if 0 not in x.dims("dimensions"):
-            return self.concatenate(x, [self.add(x, "reduce", _rows(x.shape, b - a), [p, init])
-                                        for p, (a, b) in zip(cut.operands, bounds)])
+        init, reduced = x.operands[1], x.dims("dimensions")
+        if axis not in reduced:
+            kept = axis - sum(d < axis for d in reduced)
+            return self.concatenate(x, kept, [
+                self.add(x, "reduce", _along(x.shape, kept, b - a), [p, init])
+                for p, (a, b) in zip(cut.operands, bounds)])
         combine = _combiner(x)
         if combine is None:
             return None
@@ -215,32 +227,44 @@ class _Cutter(_Rewriter):
             acc = partial if acc is None else self.add(x, combine, x.shape, [acc, partial], {})
         return acc
 
-    def slice(self, x: Instruction, cut: Instruction) -> Instruction | None:
+    def slice(self, x: Instruction, cut: Instruction, axis: int,
+              bounds) -> Instruction | None:
         spans = _spans(x)
-        (a, b, stride), rest = spans[0], spans[1:]
-        whole_rows = all(s == (0, d, 1) for s, d in zip(rest, cut.shape.dims[1:]))
+        a, b, stride = spans[axis]
+        whole = all(s == (0, n, 1) for d, (s, n) in enumerate(zip(spans, cut.shape.dims))
+                    if d != axis)
         if stride != 1:
             return None
-        covered, lo = [], 0
-        for part in cut.operands:
-            hi = lo + part.shape.dims[0]
+        covered = []
+        for part, (lo, hi) in zip(cut.operands, bounds):
             if lo <= a and b <= hi:  # inside one piece
-                if (a, b) == (lo, hi) and whole_rows:
+                if (a, b) == (lo, hi) and whole:
                     return part
-                return self.add(x, "slice", x.shape, [part],
-                                {"slice": _slice_text([(a - lo, b - lo)]
-                                                      + [(s, e) for s, e, _ in rest])})
+                return self.add(x, "slice", x.shape, [part], {"slice": _slice_text(
+                    [(a - lo, b - lo) if d == axis else (s, e)
+                     for d, (s, e, _) in enumerate(spans)])})
             if a <= lo and hi <= b:
                 covered.append(part)
-            lo = hi
-        if whole_rows and covered and sum(p.shape.dims[0] for p in covered) == b - a:
-            return self.concatenate(x, covered)
+        if whole and covered and sum(p.shape.dims[axis] for p in covered) == b - a:
+            return self.concatenate(x, axis, covered)
         return None
 
-    def concatenate(self, like: Instruction, parts: list[Instruction]) -> Instruction:
+    def slice_before_transpose(self, x: Instruction) -> Instruction | None:
+        transpose = x.operands[0]
+        spans, perm = _spans(x), transpose.dims("dimensions")
+        if any(stride != 1 for _, _, stride in spans):
+            return None
+        inner = [spans[perm.index(d)][:2] for d in range(len(perm))]
+        source = transpose.operands[0]
+        sliced = self.add(x, "slice", source.shape.with_dims([b - a for a, b in inner]),
+                          [source], {"slice": _slice_text(inner)})
+        return self.add(transpose, "transpose", x.shape, [sliced])
+
+    def concatenate(self, like: Instruction, axis: int,
+                    parts: list[Instruction]) -> Instruction:
         if len(parts) == 1:
             return parts[0]
-        y = self.add(like, "concatenate", like.shape, parts, {"dimensions": "{0}"})
+        y = self.add(like, "concatenate", like.shape, parts, {"dimensions": f"{{{axis}}}"})
         self.stacked.add(y)
         return y
 
@@ -251,6 +275,8 @@ class _Squeezer(_Rewriter):
     reshape is one reshape, or none."""
 
     def rewrite(self, x: Instruction) -> Instruction | None:
+        if x.opcode == "transpose" and _moves_only_unit_dims(x):
+            return self.add(x, "reshape", x.shape, x.operands, {})
         if x.opcode == "reshape":
             source = x.operands[0]
             while source.opcode == "reshape":
@@ -296,23 +322,32 @@ def _combiner(reduce: Instruction) -> str | None:
     return root.opcode if _IDENTITY[root.opcode](init) else None
 
 
-def _bounds(concat: Instruction) -> list[tuple[int, int]]:
+def _moves_only_unit_dims(transpose: Instruction) -> bool:
+    """The dims longer than 1 keep their order: the same bytes, relabelled (a reshape)."""
+    dims = transpose.operands[0].shape.dims
+    order = [d for d in transpose.dims("dimensions") if dims[d] != 1]
+    return order == sorted(order)
+
+
+def _cut_of(concat: Instruction) -> tuple[int, list[tuple[int, int]]]:
+    """The axis a stacked concatenate joins its pieces on, and the pieces' bounds on it."""
+    axis = concat.dims("dimensions")[0]
     out, lo = [], 0
     for part in concat.operands:
-        out.append((lo, lo + part.shape.dims[0]))
-        lo += part.shape.dims[0]
-    return out
+        out.append((lo, lo + part.shape.dims[axis]))
+        lo += part.shape.dims[axis]
+    return axis, out
 
 
-def _rows(shape: Shape, n: int) -> Shape:
-    return shape.with_dims((n, *shape.dims[1:]))
+def _along(shape: Shape, axis: int, n: int) -> Shape:
+    return shape.with_dims(n if d == axis else size for d, size in enumerate(shape.dims))
 
 
-def _piece_shape(shape: Shape, first: int, stop: int) -> Shape:
-    """Rows [first, stop) of `shape`; one row without its row axis."""
+def _piece_shape(shape: Shape, axis: int, first: int, stop: int) -> Shape:
+    """Rows [first, stop) of `shape` on `axis`; one row without that axis."""
     if stop - first == 1:
-        return Shape(shape.dtype, shape.dims[1:], None)
-    return _rows(shape, stop - first)
+        return Shape(shape.dtype, shape.dims[:axis] + shape.dims[axis + 1:], None)
+    return _along(shape, axis, stop - first)
 
 
 _SPAN = re.compile(r"\[\s*(\d+)\s*:\s*(\d+)\s*(?::\s*(\d+)\s*)?\]")
@@ -327,35 +362,36 @@ def _slice_text(spans) -> str:
 
 
 def _cut_parameters(module: Module) -> list[Piece]:
-    """Entry parameters read only by slices of whole rows, disjoint: one parameter per slice
-    (the first keeps the number, the others are numbered after the last); the pieces by
-    new parameter number."""
+    """Entry parameters read only by slices along one axis, disjoint: one parameter per
+    slice (the first keeps the number, the others are numbered after the last); the pieces
+    by new parameter number."""
     entry = module.entry
     users = entry.users()
     pieces = {p.parameter_number: Piece(p.parameter_number) for p in entry.parameters}
     for p in list(entry.parameters):
-        ranges = _row_ranges(p, users[p])
-        if ranges is None or entry.root is p:
+        found = _row_ranges(p, users[p])
+        if found is None or entry.root is p:
             continue
+        axis, ranges = found
         made, placed = {}, []
         for k, (a, b) in enumerate(ranges):
             number = p.parameter_number if k == 0 else len(pieces)
             name = f"{p.name}.layer{a}" if b - a == 1 else f"{p.name}.layers{a}-{b - 1}"
             new = Instruction(module.unique_name(name), "parameter",
-                              _piece_shape(p.shape, a, b), [], {}, str(number))
+                              _piece_shape(p.shape, axis, a, b), [], {}, str(number))
             placed.append(new)
             if b - a == 1:  # read with its row axis, as the slice gave it
                 new = Instruction(module.unique_name(f"{name}.row"), "reshape",
-                                  _rows(p.shape, 1), [new])
+                                  _along(p.shape, axis, 1), [new])
                 placed.append(new)
             made[(a, b)] = new
-            pieces[number] = Piece(p.parameter_number, a, b)
+            pieces[number] = Piece(p.parameter_number, a, b, axis)
         for x in placed:
             x.parent = entry
         at = entry.instructions.index(p)
         entry.instructions[at:at + 1] = placed
         for u in users[p]:
-            span = _spans(u)[0][:2]
+            span = _spans(u)[axis][:2]
             for v in users[u]:
                 v.operands = [made[span] if o is u else o for o in v.operands]
             if entry.root is u:
@@ -364,23 +400,24 @@ def _cut_parameters(module: Module) -> list[Piece]:
     return [pieces[k] for k in range(len(pieces))]
 
 
-def _row_ranges(p: Instruction, users) -> list[tuple[int, int]] | None:
-    """The disjoint row ranges slices of whole rows take of `p`, in order (None if another
-    use reads it, or two ranges overlap)."""
-    if p.shape.rank == 0 or not users:
+def _row_ranges(p: Instruction, users) -> tuple[int, list[tuple[int, int]]] | None:
+    """The axis slices of `p` cut, all whole on every other, and the disjoint ranges they
+    take of it, in order (None if another use reads it, or two ranges overlap)."""
+    if p.shape.rank == 0 or not users or any(u.opcode != "slice" for u in users):
         return None
-    ranges = set()
+    ranges, axes = set(), set()
     for u in users:
-        if u.opcode != "slice":
-            return None
         spans = _spans(u)
-        if spans[0][2] != 1 or any(s != (0, d, 1) for s, d in zip(spans[1:], p.shape.dims[1:])):
+        partial = [d for d, s in enumerate(spans) if s != (0, p.shape.dims[d], 1)]
+        if len(partial) != 1 or spans[partial[0]][2] != 1:
             return None
-        ranges.add(spans[0][:2])
+        axes.add(partial[0])
+        ranges.add(spans[partial[0]][:2])
     ordered = sorted(ranges)
-    if any(b > c for (_, b), (c, _) in zip(ordered, ordered[1:])) or len(ordered) < 2:
+    if len(axes) != 1 or len(ordered) < 2 or \
+            any(b > c for (_, b), (c, _) in zip(ordered, ordered[1:])):
         return None
-    return ordered
+    return axes.pop(), ordered
 
 
 def _cut_outputs(module: Module, stacked: set[Instruction]) -> list[Piece]:
@@ -392,24 +429,25 @@ def _cut_outputs(module: Module, stacked: set[Instruction]) -> list[Piece]:
         if e not in stacked:
             pieces.append(Piece(k))
             continue
-        for j, ((a, b), part) in enumerate(zip(_bounds(e), e.operands)):
+        axis, bounds = _cut_of(e)
+        for j, ((a, b), part) in enumerate(zip(bounds, e.operands)):
             if b - a == 1:
-                part = _squeezed(module, part)
+                part = _squeezed(module, part, axis)
             if j == 0:
                 elements[k] = part
-                pieces.append(Piece(k, a, b))
+                pieces.append(Piece(k, a, b, axis))
             else:
-                extra.append((part, Piece(k, a, b)))
+                extra.append((part, Piece(k, a, b, axis)))
     root.operands = elements + [part for part, _ in extra]
     root.shape = Shape.tuple_of([o.shape for o in root.operands])
     remove_dead_code(module)
     return pieces + [piece for _, piece in extra]
 
 
-def _squeezed(module: Module, part: Instruction) -> Instruction:
-    """A one-row piece without its row axis."""
+def _squeezed(module: Module, part: Instruction, axis: int) -> Instruction:
+    """A one-row piece without its layer axis."""
     y = Instruction(module.unique_name(f"{part.name}.unrow"), "reshape",
-                    _piece_shape(part.shape, 0, 1), [part])
+                    _piece_shape(part.shape, axis, 0, 1), [part])
     y.parent = module.entry
     module.entry.instructions.insert(module.entry.instructions.index(module.entry.root), y)
     return y
@@ -422,7 +460,7 @@ def _aliases(source: Module, work: Module, parameters: list[Piece],
     parameter cut otherwise."""
     pieces_of_param: dict[int, dict] = {}
     for number, p in enumerate(parameters):
-        pieces_of_param.setdefault(p.source, {})[(p.first, p.stop)] = number
+        pieces_of_param.setdefault(p.source, {})[(p.first, p.stop, p.axis)] = number
     new_aliases = []
     for alias in source.input_output_alias:
         out = alias.output_index[0] if len(alias.output_index) == 1 else None
@@ -430,9 +468,10 @@ def _aliases(source: Module, work: Module, parameters: list[Piece],
             return None
         mine = [(k, o) for k, o in enumerate(outputs) if o.source == out]
         targets = pieces_of_param[alias.parameter_number]
-        if set(targets) != {(o.first, o.stop) for _, o in mine}:
+        if set(targets) != {(o.first, o.stop, o.axis) for _, o in mine}:
             return None
-        new_aliases += [Alias((k,), targets[(o.first, o.stop)], (), alias.kind) for k, o in mine]
+        new_aliases += [Alias((k,), targets[(o.first, o.stop, o.axis)], (), alias.kind)
+                        for k, o in mine]
     work.input_output_alias = new_aliases
     work.buffer_donors = [(number, ()) for d, _ in source.buffer_donors
                           for number in pieces_of_param[d].values()]

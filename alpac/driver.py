@@ -20,10 +20,10 @@ def default_recipe() -> list[str]:
         "load",           # the model file -> IR
         "inline-calls",   # one flat entry computation (front ends keep library calls)
         "flatten-params",  # one parameter per array
-        "unroll-layer-loops",  # scanned layers unrolled where the step will be pipelined
         "cost-analysis",  # FLOPs, transcendentals and bytes of every instruction
         "batch-analysis",  # which inputs carry the batch, on which dimension
         "step-split",     # per-microbatch part, accumulated values, once-per-step update
+        "unroll-layer-loops",  # scanned layers unrolled where the step will be pipelined
         "stage-construction",  # pipeline stages, submeshes, logical meshes
         "intra-op-sharding",   # the sharding ILP of every stage
         "reduce-scatter",      # shard the weight update (ZeRO-2) where it does not slow

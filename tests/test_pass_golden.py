@@ -24,8 +24,8 @@ CLUSTER = TESTDATA / "clusters" / "local-cpu.yaml"  # 8 devices, 3 GiB each
 TRAIN = GOLDEN / "inputs" / "train_step.hlo"  # 2-layer MLP step, SGD + momentum, batch 32
 BATCH_NORM = GOLDEN / "inputs" / "batch_norm_step.hlo"  # a batch statistic used per example
 
-RECIPE = ("load", "inline-calls", "flatten-params", "unroll-layer-loops", "cost-analysis",
-          "batch-analysis", "step-split", "stage-construction", "intra-op-sharding",
+RECIPE = ("load", "inline-calls", "flatten-params", "cost-analysis", "batch-analysis",
+          "step-split", "unroll-layer-loops", "stage-construction", "intra-op-sharding",
           "reduce-scatter", "emit")
 SCANNED = GOLDEN / "unroll-layer-loops" / "input.hlo"  # 3 layers by lax.scan, momentum SGD
 # Run-dependent figures, dropped wherever they appear: pass times, ILP solve statistics (solve

@@ -278,15 +278,17 @@ def compare(saved: Path, reference: Path) -> dict[str, float]:
     return dict(zip(keys, errs))
 
 
-def compile_corpus(name: str, work: Path, timeout: float = 600) -> Outcome:
-    """A corpus module (no reference) compiled for the DGX cluster: time and peak memory."""
+def compile_corpus(name: str, work: Path, timeout: float = 600,
+                   flags: tuple[str, ...] = ()) -> Outcome:
+    """A corpus module (no reference) compiled for the DGX cluster (with `flags`): time and
+    peak memory."""
     hlo = CORPUS / f"{name}.hlo"
     out = Outcome(name, "dgx-a100-x4", "FAIL", front_end="corpus",
                   instructions=_instructions(hlo))
     plan = work / f"{name}.plan"
     code, text, out.compile_s, out.compile_peak_mb = timed(
         [str(BIN / "alpac"), "compile", str(hlo), "-o", str(plan), "--cluster",
-         str(CLUSTERS / "dgx-a100-x4.yaml")], timeout)
+         str(CLUSTERS / "dgx-a100-x4.yaml"), *flags], timeout)
     if code == 0:
         out.status, out.plan = "compiled", plan_summary(plan)
     else:

@@ -8,10 +8,10 @@ def step(ws, bs, mw, mb, x, y):
             return jnp.tanh(h @ w + b), None
         h, _ = jax.lax.scan(layer, x, (ws, bs))
         return jnp.mean((h - y) ** 2)
-    gw, gb = jax.grad(loss, argnums=(0, 1))(ws, bs)
+    value, (gw, gb) = jax.value_and_grad(loss, argnums=(0, 1))(ws, bs)
     mw = 0.9 * mw + gw
     mb = 0.9 * mb + gb
-    return ws - 0.1 * mw, bs - 0.1 * mb, mw, mb
+    return ws - 0.1 * mw, bs - 0.1 * mb, mw, mb, value
 
 args = (np.zeros((3, 8, 8), np.float32), np.zeros((3, 8), np.float32),
         np.zeros((3, 8, 8), np.float32), np.zeros((3, 8), np.float32),

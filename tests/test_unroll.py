@@ -69,7 +69,6 @@ def test_a_forward_pass_alone_keeps_its_loop():
 @cache
 def plan(name: str, forced: bool, out_root: Path) -> Path:
     cluster = out_root / "two-by-two.yaml"
-    cluster.write_text(TWO_BY_TWO)
     out = out_root / f"{name}-{'forced' if forced else 'auto'}"
     subprocess.run([str(BIN / "alpac"), "compile", str(ZOO / f"{name}.hlo"), "--cluster",
                     str(cluster), "-o", str(out), *(FORCED if forced else ())],
@@ -79,7 +78,10 @@ def plan(name: str, forced: bool, out_root: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("unrolled-plans")
+    """Plans of this module, and the two-node x two-device cluster they are made for."""
+    path = tmp_path_factory.mktemp("unrolled-plans")
+    (path / "two-by-two.yaml").write_text(TWO_BY_TWO)
+    return path
 
 
 @pytest.mark.parametrize("name", ["flax_scan_lm_train", "flax_scan_remat_lm_train"])
@@ -121,3 +123,42 @@ def test_one_stage_on_a_given_mesh_keeps_the_loops(tmp_path):
     entries = json.loads((out / "plan.json").read_text())
     assert "layer_loops" not in entries and "layout" not in entries["program"]
     assert "while" in (out / entries["stages"][0]["module"]).read_text()
+
+
+def test_without_unrolling_the_one_stage_plan_names_the_loops(root):
+    out = root / "not-unrolled"
+    subprocess.run([str(BIN / "alpac"), "compile", str(ZOO / "flax_scan_lm_train.hlo"),
+                    "--cluster", str(root / "two-by-two.yaml"), "--skip-pass",
+                    "unroll-layer-loops", "-o", str(out)], check=True, capture_output=True,
+                   timeout=600)
+    refused = json.loads((out / "plan.json").read_text())["pipelining"]["refused"]
+    assert "while.57: forward over 6 layers" in refused and "not unrolled" in refused
+
+
+def test_donated_stacked_state_carries_over_steps(root):
+    """A scanned step that donates its stacked weights and momenta: the cut outputs alias
+    the cut inputs piece by piece, and three steps run equal to three steps on one device."""
+    import jax
+    import jax.numpy as jnp
+
+    def step(ws, ms, x, y):
+        def loss(ws):
+            h, _ = jax.lax.scan(lambda h, w: (jnp.tanh(h @ w), None), x, ws)
+            return jnp.mean((h - y) ** 2)
+        value, g = jax.value_and_grad(loss)(ws)
+        ms = 0.9 * ms + g
+        return ws - 0.1 * ms, ms, value
+
+    shapes = [np.zeros((4, 16, 16), np.float32)] * 2 + [np.zeros((8, 16), np.float32)] * 2
+    text = jax.jit(step, donate_argnums=(0, 1)).lower(*shapes).as_text(dialect="hlo")
+    assert "input_output_alias" in text
+    model = root / "donating.hlo"
+    model.write_text(text)
+    out = root / "donating"
+    subprocess.run([str(BIN / "alpac"), "compile", str(model), "--cluster",
+                    str(root / "two-by-two.yaml"), "-o", str(out), *FORCED],
+                   check=True, capture_output=True, timeout=600)
+    program = json.loads((out / "plan.json").read_text())["program"]
+    assert len(program["aliases"]) == 2 * 4 and program["layout"]["aliases"] == [[0, 0], [1, 1]]
+    r = ok(alpa_run(out, "--check", "--rtol", "1e-5", "--iters", "3", "--", "np", "4"))
+    assert "passed" in r.stdout

@@ -56,8 +56,9 @@ class MeshConfig(NamedTuple):
 
 SINGLE_STAGE_STRATEGIES = ("data-parallel", "zero2", "zero3")
 LOOPED_LAYERS = ("fewer than two dots or convolutions of the forward pass sit outside loops "
-                 "(layers applied by a while/scan loop): pipeline stages cannot be cut inside "
-                 "a loop yet, so the step runs as one stage")
+                 "(layers applied by a while/scan loop that is not a layer loop alpac can "
+                 "unroll): pipeline stages cannot be cut inside it, so the step runs as one "
+                 "stage")
 
 
 def looped_layers(module) -> str:
@@ -65,8 +66,11 @@ def looped_layers(module) -> str:
     loops = find_layer_loops(module).loops
     if not loops:
         return LOOPED_LAYERS
-    return (f"the layers are applied by loops ({'; '.join(x.describe() for x in loops)}): "
-            f"pipeline stages cannot be cut inside a loop yet, so the step runs as one stage")
+    return (f"the layers are applied by loops ({'; '.join(x.describe() for x in loops)}) "
+            f"that were not unrolled (alpac unrolls a forward layer loop with the backward "
+            f"that reads it, in a step whose outputs are a flat tuple and whose cut arrays "
+            f"alias alike): pipeline stages cannot be cut inside them, so the step runs as "
+            f"one stage")
 
 
 def construct_stages(module, split, costs, cluster, budget: float, options: StageOptions,

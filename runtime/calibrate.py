@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from alpac.runtime.comm import EXIT_CHECK, EXIT_USAGE
+from alpac.plan.calibration import SCALARS
 from alpac.runtime.probes import Point, collective_bytes, dot_shapes, dot_side, grid
 from alpac.runtime.status import STATUS_ENV, write_json
 
@@ -68,6 +69,7 @@ def calibrate(opts: Options, mpi_args: list[str]) -> int:
     """Check the options, run the phases, write the file or the drift report: exit code."""
     from alpac.errors import UserError
     from alpac.runtime.launcher import find_mpiexec, parse_mpi_args
+    from alpac.runtime.worker import resolve_platform
     try:
         n, extra = parse_mpi_args(mpi_args)
         recorded = _load_recorded(opts.check) if opts.check else None
@@ -80,7 +82,8 @@ def calibrate(opts: Options, mpi_args: list[str]) -> int:
     if not mpiexec or not Path(mpiexec).exists() and not shutil.which(mpiexec):
         return fail_usage("no mpiexec found (install the mpich package or pass --mpiexec)")
     samples = sample(recorded["calibration"], n, k) if recorded else None
-    points = [p for s in samples for p in s.points] if samples else grid(n, k, opts.quick)
+    gpu = resolve_platform(opts.platform) == "gpu"
+    points = [p for s in samples for p in s.points] if samples else grid(n, k, opts.quick, gpu)
     work = Path(tempfile.mkdtemp(prefix="alpac-calibrate-"))
     try:
         start = time.time()
@@ -276,8 +279,9 @@ def tables(points: list[Point], seconds: list[float]) -> dict:
         node[leaf] = [[size, statistics.median(by_size[size])] for size in sorted(by_size)]
         for i in range(len(node[leaf]) - 2, -1, -1):
             node[leaf][i][1] = min(node[leaf][i][1], node[leaf][i + 1][1])
-    if "launch_s" in out:
-        out["launch_s"] = out["launch_s"][0][1]
+    for name in SCALARS:
+        if name in out:
+            out[name] = out[name][0][1]
     return out
 
 
@@ -369,7 +373,7 @@ class Sample:
 
 def _flat(cal: dict) -> list[tuple[tuple[str, ...], list]]:
     """(key path, rows) of every table of a calibration section."""
-    out = [(("launch_s",), [[1, cal["launch_s"]]])] if "launch_s" in cal else []
+    out = [((name,), [[1, cal[name]]]) for name in SCALARS if name in cal]
     out += [(("dot", str(t)), rows) for t, rows in cal.get("dot", {}).items()]
     out += [((name,), cal[name]) for name in ("elementwise", "reduce") if name in cal]
     out += [(("collectives", link, kind, str(g)), rows)
@@ -382,7 +386,7 @@ def _flat(cal: dict) -> list[tuple[tuple[str, ...], list]]:
 def _remeasure(table: tuple[str, ...], size: float, n: int, k: int) -> list[Point]:
     """The points that measure a recorded row again (none where this launch cannot)."""
     kind = table[0]
-    if kind == "launch_s":
+    if kind in SCALARS:
         return [Point(table, 1)]
     if kind == "dot":
         side = dot_side(size)

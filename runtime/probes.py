@@ -5,7 +5,10 @@ A point is one row of one table of cluster.yaml's `calibration:` section (a dot 
 three shapes, whose median is the row). Every figure is the median of repeated timings after
 a warm-up; work shorter than `TARGET` seconds is repeated inside one execution (a while loop
 whose trip count is an argument, so one compilation serves every count) and divided, so that
-the tables price the work itself and `launch_s` the launching of a module. Rank 0 chooses the
+the tables price the work itself and `launch_s` the launching of a module. Each iteration of
+that loop does the work `UNROLL` times over, kept apart by optimization barriers (no fusion
+across them): a GPU pays 15-30 µs per while-loop iteration (its condition read back by the
+host), which would otherwise be counted as every small kernel's cost. Rank 0 chooses the
 repeat count for every rank taking part, so that all run alike.
 
 Every device works at once, as in a plan's run: each rank runs an SPMD program over all of
@@ -22,8 +25,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from alpac.plan.calibration import SCALARS
+
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 REPS = 5
+UNROLL = 8  # the dot and arithmetic work done per loop iteration
+# elementwise and reduce kernels: up to this many in one module, and to this many bytes
+STRAIGHT_KERNELS, STRAIGHT_BYTES = 16, 64 << 20
 TARGET = 4e-3  # seconds: shorter work is repeated inside one execution
 # Across ranks, a collective sometimes waits a scheduler tick for another process (gloo on
 # CPU: a small all-reduce takes 0.35 ms back to back, 4 ms now and then, more often with gaps
@@ -55,7 +63,7 @@ class Point:
         what = ".".join(self.table)
         if self.table[0] == "dot":
             return f"{what} {'x'.join(map(str, self.shape))}"
-        return what if self.table[0] == "launch_s" else f"{what} {self.size:,} B"
+        return what if self.table[0] in SCALARS else f"{what} {self.size:,} B"
 
 
 # ---- the grid ------------------------------------------------------------------------------
@@ -79,14 +87,23 @@ def collective_bytes(nbytes: float, group: int) -> int:
     return 4 * max(group, round(nbytes / 4 / group) * group)
 
 
-def grid(nodes: int, k: int, quick: bool) -> list[Point]:
-    """Every point of a calibration of `nodes` ranks of `k` devices."""
-    sides = (32, 128, 512) if quick else (32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024,
-                                          1536)
-    arrays = [4096 * 16 ** i for i in range(3)] if quick else [4096 * 4 ** i for i in range(8)]
-    messages = [1024 * 32 ** i for i in range(3)] if quick else [1024 * 4 ** i for i in range(9)]
-    points = [Point(("launch_s",), 1)]
-    for dtype, top in (("f32", sides[-1]), ("bf16", 256 if quick else 1024)):
+def grid(nodes: int, k: int, quick: bool, gpu: bool = False) -> list[Point]:
+    """Every point of a calibration of `nodes` ranks of `k` devices. A GPU reaches its peak
+    only on far larger work than a CPU core (a dot of side 4096, arrays of 100s of MB), so its
+    grid goes on up to there: the tables interpolate inside, and only extrapolate past it."""
+    if quick:
+        sides, bf16_top, arrays, messages = (32, 128, 512), 256, [4096 * 16 ** i for i in range(3)], \
+            [1024 * 32 ** i for i in range(3)]
+    elif gpu:
+        sides = (64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
+        bf16_top, arrays = sides[-1], [4096 * 4 ** i for i in range(10)]
+        messages = [1024 * 4 ** i for i in range(11)]
+    else:
+        sides = (32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
+        bf16_top, arrays = 512, [4096 * 4 ** i for i in range(8)]
+        messages = [1024 * 4 ** i for i in range(9)]
+    points = [Point((name,), 1) for name in SCALARS]
+    for dtype, top in (("f32", sides[-1]), ("bf16", bf16_top)):
         points += [Point(("dot", dtype), 2 * s ** 3, shape) for s in sides if s <= top
                    for shape in dot_shapes(s)]
     points += [Point(("elementwise",), 2 * b) for b in arrays]
@@ -129,6 +146,22 @@ def per_op(run, agree, ops: int = 1, sync=None) -> float:
     return statistics.median(clock(repeat) for _ in range(reps)) / (repeat * ops)
 
 
+def _calls(f, args, repeat: int) -> None:
+    """`f(*args)` `repeat` times, each waited for (as alpa-run runs a module)."""
+    for _ in range(repeat):
+        for o in f(*args):
+            o.block_until_ready()
+
+
+def _unrolled(step, x, times: int = UNROLL):
+    """`step` applied `times` times, an optimization barrier between two (XLA fuses nothing
+    across one, so each application is a kernel of its own as in the timed program)."""
+    from jax import lax
+    for i in range(times):
+        x = step(lax.optimization_barrier(x) if i else x)
+    return x
+
+
 class Rank:
     """This rank's devices and communicator, and the programs that measure each table."""
 
@@ -136,6 +169,7 @@ class Rank:
         self.comm, self.jax, self.k = comm, jax, k
         self.local = sorted(jax.local_devices(), key=lambda d: d.id)[:k]
         self.everywhere = sorted(jax.devices(), key=lambda d: d.id) if distributed else None
+        self.launch_s: float | None = None  # `launch`'s figure, once measured
 
     def _timed(self, run, ops: int = 1) -> float:
         """`per_op` of work every rank does at once, on all of its devices: the ranks start
@@ -148,6 +182,8 @@ class Rank:
         kind = p.table[0]
         if kind == "launch_s":
             return self.launch()
+        if kind in ("flop_s", "transcendental_s"):
+            return self.arithmetic(kind)
         if kind == "dot":
             return self.dot(p.table[1], *p.shape)
         if kind in ("elementwise", "reduce"):
@@ -172,9 +208,19 @@ class Rank:
         return mesh, self.jax.jit(self.jax.shard_map(body, mesh=mesh, in_specs=specs,
                                                      out_specs=P("d"), check_vma=False))
 
-    def _put(self, mesh, spec, array):
+    def _fill(self, mesh, spec, shape, value, dtype):
+        """An array made on the devices (a GPU's largest operands are GBs: no host copy)."""
         from jax.sharding import NamedSharding
-        return self.jax.device_put(array, NamedSharding(mesh, spec))
+        jnp = self.jax.numpy
+        return self.jax.jit(lambda: jnp.full(shape, value, dtype),
+                            out_shardings=NamedSharding(mesh, spec))()
+
+    def _fill_many(self, mesh, spec, shape, count: int, dtype) -> tuple:
+        """`count` arrays of 1, 2, 3, ... made on the devices by one module."""
+        from jax.sharding import NamedSharding
+        jnp = self.jax.numpy
+        return self.jax.jit(lambda: tuple(jnp.full(shape, 1 + i, dtype) for i in range(count)),
+                            out_shardings=(NamedSharding(mesh, spec),) * count)()
 
     def launch(self) -> float:
         """A tiny module on the rank's devices, run the way alpa-run runs a module (the XLA
@@ -188,7 +234,8 @@ class Rank:
         def run(r):
             for _ in range(r):
                 execute_unchecked(exe, [x])[0].block_until_ready()
-        return self._timed(run)
+        self.launch_s = self._timed(run)
+        return self.launch_s
 
     def dot(self, dtype: str, m: int, k: int, n: int) -> float:
         """[m,k]x[k,n] and back ([m,n]x[n,k]), repeated: two dots of 2mkn FLOPs each."""
@@ -197,32 +244,72 @@ class Rank:
         jnp = self.jax.numpy
         t = jnp.float32 if dtype == "f32" else jnp.bfloat16
         # weights 1/k and 1/n keep the values at 1: no overflow, no denormals
-        mesh, f = self._spmd(lambda x, a, b, r: lax.fori_loop(0, r, lambda i, y: (y @ a) @ b, x),
-                             replicated=2)
-        x = self._put(mesh, P("d"), np.ones((self.k * m, k), t))
-        a = self._put(mesh, P(), np.full((k, n), 1 / k, t))
-        b = self._put(mesh, P(), np.full((n, k), 1 / n, t))
-        return self._timed(lambda r: f(x, a, b, r).block_until_ready(), ops=2)
+        # a CPU's loop costs next to nothing beside a dot of 1e7 FLOPs or more
+        unroll = UNROLL if self.local[0].platform != "cpu" or 2 * m * k * n < 1e7 else 1
+        mesh, f = self._spmd(lambda x, a, b, r: lax.fori_loop(
+            0, r, lambda i, y: _unrolled(lambda z: (z @ a) @ b, y, unroll), x), replicated=2)
+        x = self._fill(mesh, P("d"), (self.k * m, k), 1, t)
+        a = self._fill(mesh, P(), (k, n), 1 / k, t)
+        b = self._fill(mesh, P(), (n, k), 1 / n, t)
+        return self._timed(lambda r: f(x, a, b, r).block_until_ready(), ops=2 * unroll)
 
     def memory(self, kind: str, nbytes: int) -> float:
         """A fused chain of four elementwise ops over an f32 array (`nbytes` read + written),
-        or a row reduction of one (`nbytes` read)."""
-        from jax import lax
+        or a row reduction of one (`nbytes` read), as a module runs them: kernels one after
+        the other, each reading an array of its own and writing a new one (an optimizer's
+        update is hundreds of these; a new result's memory is first touched, which a loop
+        over one array in place never pays: 2-4x slower on CPU). A module of K such kernels
+        is timed as alpa-run runs one (waited for); less the launch of a module, over K, is
+        one kernel."""
         from jax.sharding import PartitionSpec as P
         jnp = self.jax.numpy
         n = nbytes // (8 if kind == "elementwise" else 4)
         cols = min(n, 1024)
         if kind == "elementwise":
-            def body(x, r):
-                return lax.fori_loop(0, r, lambda i, y: jnp.maximum(y * 0.5 + 0.25, -1.0) * 1.5, x)
+            def op(x):
+                return jnp.maximum(x * 0.5 + 0.25, -1.0) * 1.5
         else:
-            def body(x, r):  # the scale carried from one sum to the next keeps each one
-                s = lax.fori_loop(0, r, lambda i, s: s + jnp.sum(jnp.sum(x * s, axis=1)) * 1e-30,
-                                  jnp.float32(1.0))
-                return x[:1] * s
-        mesh, f = self._spmd(body)
-        x = self._put(mesh, P("d"), np.ones((self.k * (n // cols), cols), np.float32))
-        return self._timed(lambda r: f(x, r).block_until_ready())
+            def op(x):
+                return jnp.sum(x, axis=1)
+        kernels = max(1, min(STRAIGHT_KERNELS, STRAIGHT_BYTES // nbytes))
+        mesh, f = self._spmd_kernels(op, kernels)
+        xs = self._fill_many(mesh, P("d"), (self.k * (n // cols), cols), kernels, np.float32)
+        module = self._timed(lambda r: _calls(f, xs, r))
+        launch = self.launch() if self.launch_s is None else self.launch_s
+        return max(module - launch, module / 2) / kernels  # noise never leaves nothing
+
+    def _spmd_kernels(self, op, count: int):
+        """`op` on each of `count` arrays (split over the rank's devices), one result each."""
+        from jax.sharding import Mesh
+        from jax.sharding import PartitionSpec as P
+        mesh = Mesh(np.array(self.local), ("d",))
+        body = self.jax.shard_map(lambda *xs: tuple(op(x) for x in xs), mesh=mesh,
+                                  in_specs=(P("d"),) * count, out_specs=(P("d"),) * count,
+                                  check_vma=False)
+        return mesh, self.jax.jit(body)
+
+    def arithmetic(self, kind: str) -> float:
+        """Seconds per element and op of a long elementwise chain over an array that stays in
+        cache (64K f32 per device): what an op costs where memory does not bound the kernel.
+        `flop_s`: multiply-adds (two ops each); `transcendental_s`: exp and sqrt."""
+        from jax import lax
+        from jax.sharding import PartitionSpec as P
+        jnp = self.jax.numpy
+        n, chain = 1 << 16, 16
+        if kind == "flop_s":
+            def step(y):
+                for _ in range(chain):
+                    y = y * 0.999 + 0.001
+                return y
+        else:  # values stay in (0, 1]
+            def step(y):
+                for _ in range(chain // 2):
+                    y = jnp.sqrt(jnp.exp(-y))
+                return y
+        mesh, f = self._spmd(lambda x, r: lax.fori_loop(0, r, lambda i, y: _unrolled(step, y), x))
+        x = self._fill(mesh, P("d"), (self.k * n,), 0.5, np.float32)
+        ops = 2 * chain if kind == "flop_s" else chain
+        return self._timed(lambda r: f(x, r).block_until_ready(), ops=UNROLL * ops * n)
 
     # ---- collectives and sends -----------------------------------------------------------
     def collective(self, kind: str, nbytes: int, ranks: int, per: int, across: bool) -> float:

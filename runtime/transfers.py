@@ -240,6 +240,21 @@ def _unpack(raw: np.ndarray, shapes: list[list[int]], dtype: np.dtype) -> list[n
     return out
 
 
+def zeros_module(arrays: list[tuple[list[int], str, str]]) -> str:
+    """HLO text of a module without parameters giving zeros of each (shape, type, sharding)."""
+    types = [f"{dtype}[{','.join(map(str, shape))}]" for shape, dtype, _ in arrays]
+    lines = []
+    for i, ((shape, dtype, sharding), t) in enumerate(zip(arrays, types)):
+        zero = "false" if dtype == "pred" else "0"
+        lines += [f"  %z{i} = {dtype}[] constant({zero})",
+                  f"  %b{i} = {t} broadcast(%z{i}), dimensions={{}}, sharding={sharding}"]
+    result = f"({', '.join(types)})"
+    shardings = ", ".join(s for _, _, s in arrays)
+    return (f"HloModule alpac_zeros\n\nENTRY %main () -> {result} {{\n" + "\n".join(lines) +
+            f"\n  ROOT %r = {result} tuple({', '.join(f'%b{i}' for i in range(len(arrays)))}), "
+            f"sharding={{{shardings}}}\n}}\n")
+
+
 def identity_module(shape: list[int], dtype: str, src: str, dst: str) -> str:
     """HLO text of `copy` from sharding `src` to sharding `dst` (XLA inserts the collectives)."""
     dims = ",".join(map(str, shape))

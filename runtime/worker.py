@@ -86,8 +86,7 @@ def main(opts: Options) -> int:
 
 def configure_devices(k: int, platform: str) -> str:
     """Environment for jax before it is imported: k devices for this process."""
-    if platform == "auto":
-        platform = "gpu" if _gpus_present() else "cpu"
+    platform = resolve_platform(platform)
     if platform == "cpu":
         os.environ["JAX_PLATFORMS"] = "cpu"
         flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "",
@@ -99,6 +98,13 @@ def configure_devices(k: int, platform: str) -> str:
                               ",".join(str(local * k + i) for i in range(k)))
         os.environ.setdefault("JAX_PLATFORMS", "cuda")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    return platform
+
+
+def resolve_platform(platform: str) -> str:
+    """"auto" is "gpu" where jax's CUDA plugin and an NVIDIA driver are both present."""
+    if platform == "auto":
+        return "gpu" if _gpus_present() else "cpu"
     return platform
 
 

@@ -50,6 +50,8 @@ def test_quick_calibration_loads_and_is_complete(calibrated):
     assert text.startswith("# Measured by `alpac calibrate --quick")
     cal = yaml.safe_load(text)["calibration"]
     assert cal["launch_s"] > 0 and "2 ranks x 2 devices" in cal["source"]
+    # a transcendental costs more than a multiply or an add, and both far less than a launch
+    assert 0 < cal["flop_s"] < cal["transcendental_s"] < cal["launch_s"]
     found = tables(cal)
     expected = {"dot.f32", "dot.bf16", "elementwise", "reduce", "send.intra_node",
                 "send.inter_node"}
@@ -66,7 +68,7 @@ def test_quick_calibration_loads_and_is_complete(calibrated):
 def test_check_of_a_fresh_calibration_passes(calibrated):
     result = run("calibrate", "--check", calibrated, "--tolerance", "99", "--", "np", "2")
     assert result.returncode == 0, result.stderr + result.stdout
-    assert "calibration check passed: 17 tables within 9900%" in result.stdout
+    assert "calibration check passed: 19 tables within 9900%" in result.stdout
     assert "collectives.inter_node.all-to-all.2" in result.stdout
 
 

@@ -103,3 +103,67 @@ def test_the_launch_overhead_is_in_the_estimate(tmp_path):
         iteration.append(plan["estimate"]["iteration_time_s"] - plan["stages"][0]["estimate"]
                          ["time_s"])
     assert iteration == pytest.approx([1e-4, 5e-3])
+
+
+FUSED_CHAIN = """\
+HloModule chain
+add_f32 {
+  x = f32[] parameter(0)
+  y = f32[] parameter(1)
+  ROOT s = f32[] add(x, y)
+}
+ENTRY e {
+  p = f32[1024,256] parameter(0)
+  w = f32[256,256] parameter(1)
+  ex = f32[1024,256] exponential(p)
+  sq = f32[1024,256] multiply(ex, ex)
+  half = f32[] constant(0.5)
+  hb = f32[1024,256] broadcast(half), dimensions={}
+  sc = f32[1024,256] add(sq, hb)
+  zero = f32[] constant(0)
+  rows = f32[1024] reduce(sc, zero), dimensions={1}, to_apply=add_f32
+  d = f32[1024,256] dot(sc, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT t = (f32[1024], f32[1024,256]) tuple(rows, d)
+}
+"""
+
+
+def test_a_fused_chain_is_priced_as_the_kernel_xla_makes_of_it(tmp_path):
+    """exp, multiply, the broadcast constant and add run as one kernel (read p, write sc for
+    the dot), the reduce as another that reads sc: each kernel costs the table once, on the
+    bytes it moves, not each instruction on its own operands and result."""
+    from alpac.analysis.costs import CostTable
+    from alpac.analysis.fusion import kernel_shares
+    from alpac.hlo import parse_hlo
+    module = parse_hlo(FUSED_CHAIN)
+    costs = CostTable(module)
+    shares = kernel_shares(module.entry, costs)
+    by_name = {i.name: s for i, s in shares.items()}
+    array = 1024 * 256 * 4
+    assert by_name["sc"].kernel == pytest.approx(2 * array)  # p read, sc written
+    assert by_name["ex"].kernel == by_name["sc"].kernel and by_name["ex"].kind == "elementwise"
+    assert by_name["rows"].kernel == pytest.approx(array + 1024 * 4)
+    assert by_name["rows"].kind == "reduce" and "d" not in by_name
+    model = CostModel(load_cluster(cluster(tmp_path)), LogicalMesh((1,), (0,)))
+    kernel_seconds = sum(model.compute(costs[i].flops, s.own, "f32", s.kind, s.kernel)
+                         for i, s in shares.items() if s.kernel == by_name["sc"].kernel)
+    assert kernel_seconds == pytest.approx(model.compute(0, 2 * array))
+    per_instruction = sum(model.compute(costs[i].flops, costs[i].bytes_accessed)
+                          for i in shares if by_name[i.name].kernel == by_name["sc"].kernel)
+    assert per_instruction > 2.5 * kernel_seconds
+
+
+def test_a_kernel_costs_its_arithmetic_where_that_takes_longer_than_its_memory(tmp_path):
+    text = CLUSTER.replace("  launch_s: LAUNCH\n",
+                           "  launch_s: LAUNCH\n  flop_s: 1.0e-9\n  transcendental_s: 1.0e-8\n")
+    c = load_cluster(cluster(tmp_path, text=text))
+    assert (c.calibration.flop_s, c.calibration.transcendental_s) == (1e-9, 1e-8)
+    model = CostModel(c, LogicalMesh((1,), (0,)))
+    # 1e6 adds and 1e5 exps on 1 KB: 2 ms of arithmetic against 50 µs of memory
+    assert model.compute(1e6, 1e3, "f32", "elementwise", 1e3, 1e5) == pytest.approx(2e-3)
+    # a quarter of a 10 MB kernel's bytes, a few ops: its share of the kernel's memory time
+    assert model.compute(10, 2.5e6, "f32", "elementwise", 1e7) == pytest.approx(2e-3 / 4)
+    # the figures are kept in plan.json's copy of the cluster, and a negative one is refused
+    assert c.calibration.to_dict()["transcendental_s"] == 1e-8
+    with pytest.raises(UserError, match="calibration.flop_s: expected non-negative seconds"):
+        load_cluster(cluster(tmp_path, text=text.replace("flop_s: 1.0e-9", "flop_s: -1")))

@@ -141,7 +141,7 @@ def handled_opcodes() -> dict[str, list[str]]:
         "strategies.TRANSPARENT": strategies.TRANSPARENT,
         "strategies.REPLICATED_ONLY": strategies.REPLICATED_ONLY,
         "strategies.MATERIALIZED": strategies.MATERIALIZED,
-        "strategies.FUSIBLE": strategies.FUSIBLE,
+        "opcodes.LOOP_FUSIBLE": opcodes.LOOP_FUSIBLE,
         "opcodes.COLLECTIVE_OPS": opcodes.COLLECTIVE_OPS,  # refused by the builder
         "strategies.UNSUPPORTED_OPS": strategies.UNSUPPORTED_OPS,
         "strategies.SOURCE_RULES": strategies.SOURCE_RULES,  # source_strategies

@@ -430,3 +430,20 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return "X"
+
+
+def test_zero_tasks_are_made_in_blocks_that_every_rank_of_a_mesh_sees_alike():
+    """A mesh's uninterrupted run of zero tasks is one block (one module makes its zeros),
+    whatever other meshes' tasks a rank's stream interleaves; a run or feed of the same mesh
+    ends the block."""
+    from alpac.runtime.executor import zero_blocks
+    from alpac.runtime.timeline import Task
+    kinds = [("zero", 0), ("zero", 1), ("zero", 0), ("run", 1), ("zero", 0), ("zero", 1),
+             ("feed", 0), ("zero", 0)]
+    tasks = [Task(i, kind, mesh) for i, (kind, mesh) in enumerate(kinds)]
+    blocks = {first: [t.index for t in block] for first, block in zero_blocks(tasks).items()}
+    assert blocks == {0: [0, 2, 4], 1: [1], 5: [5], 7: [7]}
+    # the rank that holds mesh 0 alone sees mesh 0's tasks in the same order: same blocks
+    alone = [t for t in tasks if t.mesh == 0]
+    assert {f: [t.index for t in b] for f, b in zero_blocks(alone).items()} == \
+        {f: b for f, b in blocks.items() if tasks[f].mesh == 0}

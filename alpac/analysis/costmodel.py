@@ -62,10 +62,20 @@ class CostModel:
                 return measured
         return _ring(kind, nbytes, n, link)
 
+    @property
+    def prices_kernels(self) -> bool:
+        """Whether `compute` prices fused kernels (`kernel_bytes`): the measured tables time
+        one kernel at a time; the roofline is linear in bytes and prices instructions."""
+        return self.cluster.calibration is not None
+
     def compute(self, flops: float, nbytes: float, dtype: str = "f32",
-                kind: str = "elementwise") -> float:
+                kind: str = "elementwise", kernel_bytes: float | None = None,
+                transcendentals: float = 0.0) -> float:
         """Seconds of an instruction's work: `kind` is dot, reduce or elementwise (which
-        measured table prices it, on a calibrated cluster)."""
+        measured table prices it, on a calibrated cluster). With `kernel_bytes` (the bytes of
+        the fused kernel the instruction runs in, alpac.analysis.fusion) the instruction
+        costs its share, `nbytes` of them, of the kernel's memory time, or its arithmetic
+        at the measured per-op rates where that takes longer (sqrt, exp, divide chains)."""
         calibration = self.cluster.calibration
         if calibration is not None:
             if kind == "dot" and flops:
@@ -75,6 +85,10 @@ class CostModel:
                 table = calibration.reduce if kind == "reduce" else None
                 table = table or calibration.elementwise
                 size = nbytes
+            if table is not None and kernel_bytes is not None and kind != "dot":
+                memory = table(kernel_bytes) * nbytes / kernel_bytes if kernel_bytes > 0 else 0.0
+                return max(memory, flops * calibration.flop_s +
+                           transcendentals * calibration.transcendental_s)
             if table is not None:
                 return table(size)
         device = self.cluster.device

@@ -46,6 +46,9 @@ SLICES = frozenset({"slice", "dynamic-slice", "gather"})
 # make their result from a literal, an index or a smaller operand: cheaper to make again where
 # it is needed than to receive
 GENERATORS = frozenset({"constant", "iota", "broadcast"})
+# what XLA's loop fusion runs inside the kernel of their user (alpac.analysis.fusion; the
+# sharding builder's buffers)
+LOOP_FUSIBLE = ELEMENTWISE | GENERATORS | VIEWS | {"slice"}
 
 # ---- computing ops with a structure of their own ----------------------------------------------
 

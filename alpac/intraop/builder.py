@@ -17,14 +17,15 @@ import numpy as np
 
 from alpac.analysis.costmodel import CostModel
 from alpac.analysis.costs import CostTable
+from alpac.analysis.fusion import KernelShare, kernel_shares
 from alpac.errors import UserError
 from alpac.hlo.ir import Computation, Instruction, Module
-from alpac.hlo.opcodes import COLLECTIVE_OPS, CONTRACTIONS, REDUCTIONS
+from alpac.hlo.opcodes import COLLECTIVE_OPS, CONTRACTIONS, LOOP_FUSIBLE, REDUCTIONS
 from alpac.hlo.shape import Shape
 from alpac.intraop.collectives import Collective, reshard
 from alpac.intraop.ilp import MemoryPoint, StrategyGraph
 from alpac.intraop.space import array_shardings
-from alpac.intraop.strategies import FUSIBLE, MATERIALIZED, UNSUPPORTED_OPS, Strategy, follow, \
+from alpac.intraop.strategies import MATERIALIZED, UNSUPPORTED_OPS, Strategy, follow, \
     followed_operand, is_transparent, replicated_strategy, rule_strategies, source_strategies, \
     transparent_operand_needs
 from alpac.plan.mesh import LogicalMesh
@@ -87,6 +88,17 @@ class ShardingGraph:
     uses: list[Use] = field(default_factory=list)
     outputs: dict[tuple[int, ...], Value] = field(default_factory=dict)  # entry result leaves
     node_instr: list[Instruction] = field(default_factory=list)
+    kernels: dict[Computation, dict] = field(default_factory=dict)  # kernel_shares per comp
+
+    def kernel_share(self, instr: Instruction) -> KernelShare | None:
+        """The instruction's share of the fused kernel it runs in (None: a contraction, or a
+        cost model that prices instructions)."""
+        if not self.model.prices_kernels or self.costs is None:
+            return None
+        comp = instr.parent
+        if comp not in self.kernels:
+            self.kernels[comp] = kernel_shares(comp, self.costs)
+        return self.kernels[comp].get(instr)
 
 
 class _Builder:
@@ -143,7 +155,7 @@ class _Builder:
         if instr.opcode in ("tuple", "get-tuple-element"):
             return False
         users = self.users.get(instr, ())
-        return not users or any(u.opcode not in FUSIBLE for u in users) or len(users) > 1
+        return not users or any(u.opcode not in LOOP_FUSIBLE for u in users) or len(users) > 1
 
     def touch(self, v: Value) -> None:
         if id(v) in self.death:
@@ -473,8 +485,14 @@ def strategy_seconds(sg: ShardingGraph, instr: Instruction, st: Strategy) -> flo
     compute = 0.0
     if cost is not None:
         dtype = instr.shape.dtype if not instr.shape.is_tuple else "f32"
-        compute = sg.model.compute(cost.flops / st.divisor, cost.bytes_accessed / st.divisor,
-                                   dtype, _work_kind(instr))
+        share = sg.kernel_share(instr)
+        if share is not None:
+            compute = sg.model.compute(cost.flops / st.divisor, share.own / st.divisor, dtype,
+                                       share.kind, share.kernel / st.divisor,
+                                       cost.transcendentals / st.divisor)
+        else:
+            compute = sg.model.compute(cost.flops / st.divisor, cost.bytes_accessed / st.divisor,
+                                       dtype, _work_kind(instr))
     return compute + sum(c.seconds(sg.model) for c in st.collectives)
 
 

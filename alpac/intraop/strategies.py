@@ -58,8 +58,6 @@ UNSUPPORTED_OPS = {
                     "SPMD partitioning",
     "set-dimension-size": "a dynamic shape; alpac plans static shapes only",
 }
-#: ops XLA's loop fusion absorbs into their user (`builder.materialized`)
-FUSIBLE = ELEMENTWISE | GENERATORS | VIEWS | {"slice"}
 #: heavy ops: XLA keeps their result in a buffer of its own
 MATERIALIZED = (frozenset({"parameter", "dot", "convolution", "reduce", "gather", "scatter",
                            "sort", "custom-call", "dynamic-update-slice", "concatenate", "pad"})

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 COLLECTIVE_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all",
                     "collective-permute")
 LINK_KINDS = ("intra_node", "inter_node")
+SCALARS = ("launch_s", "flop_s", "transcendental_s")  # one figure each (the field comments)
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,8 @@ class Calibration:
 
     source: str = ""
     launch_s: float = 0.0  # launching one module execution and waiting for it
+    flop_s: float = 0.0  # one elementwise arithmetic op on one element, in cache
+    transcendental_s: float = 0.0  # one exp, log, sqrt, ... on one element, in cache
     dot: dict[str, Table] = field(default_factory=dict)  # element type -> FLOPs table
     elementwise: Table | None = None  # bytes read + written by a fused elementwise chain
     reduce: Table | None = None  # bytes read
@@ -83,6 +86,8 @@ class Calibration:
 
     def to_dict(self) -> dict:
         out: dict = {"source": self.source, "launch_s": self.launch_s}
+        out.update({name: getattr(self, name) for name in ("flop_s", "transcendental_s")
+                    if getattr(self, name)})
         if self.dot:
             out["dot"] = {t: table.to_rows() for t, table in self.dot.items()}
         for name in ("elementwise", "reduce"):
@@ -100,14 +105,9 @@ class Calibration:
 def read_calibration(d, fail) -> Calibration:
     """The section as loaded from YAML; `fail(keys, message)` reports a mistake."""
     keys = ("calibration",)
-    _mapping(d, keys, ("source", "launch_s", "dot", "elementwise", "reduce", "collectives",
-                       "send"), fail)
-    try:
-        launch = _number(d.get("launch_s", 0.0))
-    except (TypeError, ValueError):
-        launch = -1.0
-    if not 0 <= launch < math.inf:
-        fail(keys + ("launch_s",), f"expected non-negative seconds, got {d['launch_s']!r}")
+    _mapping(d, keys, ("source",) + SCALARS + ("dot", "elementwise", "reduce", "collectives",
+                                               "send"), fail)
+    scalars = [_seconds(d, name, fail) for name in SCALARS]
     dot = {str(t): _table(rows, keys + ("dot", str(t)), fail)
            for t, rows in _mapping(d.get("dot", {}), keys + ("dot",), None, fail).items()}
     collectives = {}
@@ -122,9 +122,19 @@ def read_calibration(d, fail) -> Calibration:
     send = {link: _table(rows, keys + ("send", link), fail)
             for link, rows in _mapping(d.get("send", {}), keys + ("send",), LINK_KINDS,
                                        fail).items()}
-    return Calibration(str(d.get("source", "")), float(launch), dot,
+    return Calibration(str(d.get("source", "")), *scalars, dot,
                        _optional_table(d, "elementwise", fail),
                        _optional_table(d, "reduce", fail), collectives, send)
+
+
+def _seconds(d: dict, name: str, fail) -> float:
+    try:
+        value = _number(d.get(name, 0.0))
+    except (TypeError, ValueError):
+        value = -1.0
+    if not 0 <= value < math.inf:
+        fail(("calibration", name), f"expected non-negative seconds, got {d[name]!r}")
+    return float(value)
 
 
 def _mapping(d, keys, allowed, fail) -> dict:

@@ -1,0 +1,56 @@
+"""The kernels XLA's fusion makes of a computation, and the bytes each kernel moves.
+
+A measured table prices a kernel (`alpac calibrate` times a fused elementwise chain and a
+reduction as one kernel each), not an instruction: a chain of ten elementwise ops that XLA
+fuses reads its inputs and writes its result once, and pays one kernel's fixed cost. The
+rule is XLA's loop and input fusion in its simplest form: an op of `LOOP_FUSIBLE` whose
+only user is another such op, or a reduction, runs inside its user's kernel. Each
+instruction keeps its share of its kernel's bytes (what it reads from outside the kernel,
+and its result where that leaves the kernel), so the sharding ILP can still price each
+instruction under its own sharding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from alpac.analysis.costs import CostTable
+from alpac.hlo.ir import Computation, Instruction
+from alpac.hlo.opcodes import LOOP_FUSIBLE, REDUCTIONS
+
+
+@dataclass(frozen=True, slots=True)
+class KernelShare:
+    """An instruction's bytes inside the kernel XLA runs it in."""
+
+    own: float  # read from outside the kernel, plus its result if that leaves the kernel
+    kernel: float  # the kernel's bytes: its members' `own` summed
+    kind: str  # "reduce" or "elementwise": which measured table prices the kernel
+
+
+def kernel_shares(comp: Computation, costs: CostTable) -> dict[Instruction, KernelShare]:
+    """Every costed instruction of `comp` that is not a contraction, with its kernel share."""
+    users = comp.users()
+    root: dict[Instruction, Instruction] = {}
+    for instr in reversed(comp.instructions):  # users come after their operands
+        only = users[instr][0] if len(users[instr]) == 1 else None
+        fused = instr.opcode in LOOP_FUSIBLE and only is not None and \
+            (only.opcode in LOOP_FUSIBLE or only.opcode in REDUCTIONS) and only in root
+        root[instr] = root[only] if fused else instr
+    own: dict[Instruction, float] = {}
+    for instr in comp.instructions:
+        if instr not in costs or instr.opcode in ("dot", "convolution"):
+            continue
+        cost = costs[instr]
+        operand_bytes = [op.shape.byte_size for op in instr.operands]
+        outside = sum(b for op, b in zip(instr.operands, operand_bytes)
+                      if root.get(op) is not root[instr])
+        total = sum(operand_bytes)
+        read = cost.bytes_read * (outside / total if total else 1.0)
+        own[instr] = read + (cost.bytes_written if root[instr] is instr else 0.0)
+    kernel: dict[Instruction, float] = {}
+    for instr, b in own.items():
+        kernel[root[instr]] = kernel.get(root[instr], 0.0) + b
+    return {instr: KernelShare(b, kernel[root[instr]],
+                               "reduce" if root[instr].opcode in REDUCTIONS else "elementwise")
+            for instr, b in own.items()}

@@ -245,7 +245,7 @@ def zeros_module(arrays: list[tuple[list[int], str, str]]) -> str:
     types = [f"{dtype}[{','.join(map(str, shape))}]" for shape, dtype, _ in arrays]
     lines = []
     for i, ((shape, dtype, sharding), t) in enumerate(zip(arrays, types)):
-        zero = "false" if dtype == "pred" else "0"
+        zero = {"pred": "false", "c64": "(0, 0)", "c128": "(0, 0)"}.get(dtype, "0")
         lines += [f"  %z{i} = {dtype}[] constant({zero})",
                   f"  %b{i} = {t} broadcast(%z{i}), dimensions={{}}, sharding={sharding}"]
     result = f"({', '.join(types)})"

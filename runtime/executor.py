@@ -67,7 +67,7 @@ class Executor:
         self.tasks_done = 0
         self._checked: set[int] = set()  # run tasks whose arguments were checked once
         self._zero_blocks = zero_blocks(self.stream)
-        self._zero_makers: dict[int, object] = {}  # first task of a block -> its jitted zeros
+        self._zero_makers: dict[int, object] = {}  # first task of a block -> its zeros module
         self._zeros: dict[int, object] = {}  # task index -> its array, made with its block
         self._hooks = _test_hooks(self.rank)
 

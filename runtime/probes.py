@@ -92,8 +92,8 @@ def grid(nodes: int, k: int, quick: bool, gpu: bool = False) -> list[Point]:
     only on far larger work than a CPU core (a dot of side 4096, arrays of 100s of MB), so its
     grid goes on up to there: the tables interpolate inside, and only extrapolate past it."""
     if quick:
-        sides, bf16_top, arrays, messages = (32, 128, 512), 256, [4096 * 16 ** i for i in range(3)], \
-            [1024 * 32 ** i for i in range(3)]
+        sides, bf16_top = (32, 128, 512), 256
+        arrays, messages = [4096 * 16 ** i for i in range(3)], [1024 * 32 ** i for i in range(3)]
     elif gpu:
         sides = (64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
         bf16_top, arrays = sides[-1], [4096 * 4 ** i for i in range(10)]
@@ -208,19 +208,13 @@ class Rank:
         return mesh, self.jax.jit(self.jax.shard_map(body, mesh=mesh, in_specs=specs,
                                                      out_specs=P("d"), check_vma=False))
 
-    def _fill(self, mesh, spec, shape, value, dtype):
-        """An array made on the devices (a GPU's largest operands are GBs: no host copy)."""
+    def _fill(self, mesh, spec, shape, dtype, *values) -> tuple:
+        """One array filled with each value, all made on the devices by one module (a GPU's
+        largest operands are GBs: no host copy)."""
         from jax.sharding import NamedSharding
         jnp = self.jax.numpy
-        return self.jax.jit(lambda: jnp.full(shape, value, dtype),
-                            out_shardings=NamedSharding(mesh, spec))()
-
-    def _fill_many(self, mesh, spec, shape, count: int, dtype) -> tuple:
-        """`count` arrays of 1, 2, 3, ... made on the devices by one module."""
-        from jax.sharding import NamedSharding
-        jnp = self.jax.numpy
-        return self.jax.jit(lambda: tuple(jnp.full(shape, 1 + i, dtype) for i in range(count)),
-                            out_shardings=(NamedSharding(mesh, spec),) * count)()
+        return self.jax.jit(lambda: tuple(jnp.full(shape, v, dtype) for v in values),
+                            out_shardings=(NamedSharding(mesh, spec),) * len(values))()
 
     def launch(self) -> float:
         """A tiny module on the rank's devices, run the way alpa-run runs a module (the XLA
@@ -248,9 +242,9 @@ class Rank:
         unroll = UNROLL if self.local[0].platform != "cpu" or 2 * m * k * n < 1e7 else 1
         mesh, f = self._spmd(lambda x, a, b, r: lax.fori_loop(
             0, r, lambda i, y: _unrolled(lambda z: (z @ a) @ b, y, unroll), x), replicated=2)
-        x = self._fill(mesh, P("d"), (self.k * m, k), 1, t)
-        a = self._fill(mesh, P(), (k, n), 1 / k, t)
-        b = self._fill(mesh, P(), (n, k), 1 / n, t)
+        (x,) = self._fill(mesh, P("d"), (self.k * m, k), t, 1)
+        (a,) = self._fill(mesh, P(), (k, n), t, 1 / k)
+        (b,) = self._fill(mesh, P(), (n, k), t, 1 / n)
         return self._timed(lambda r: f(x, a, b, r).block_until_ready(), ops=2 * unroll)
 
     def memory(self, kind: str, nbytes: int) -> float:
@@ -273,7 +267,8 @@ class Rank:
                 return jnp.sum(x, axis=1)
         kernels = max(1, min(STRAIGHT_KERNELS, STRAIGHT_BYTES // nbytes))
         mesh, f = self._spmd_kernels(op, kernels)
-        xs = self._fill_many(mesh, P("d"), (self.k * (n // cols), cols), kernels, np.float32)
+        xs = self._fill(mesh, P("d"), (self.k * (n // cols), cols), np.float32,
+                        *range(1, kernels + 1))
         module = self._timed(lambda r: _calls(f, xs, r))
         launch = self.launch() if self.launch_s is None else self.launch_s
         return max(module - launch, module / 2) / kernels  # noise never leaves nothing
@@ -307,7 +302,7 @@ class Rank:
                     y = jnp.sqrt(jnp.exp(-y))
                 return y
         mesh, f = self._spmd(lambda x, r: lax.fori_loop(0, r, lambda i, y: _unrolled(step, y), x))
-        x = self._fill(mesh, P("d"), (self.k * n,), 0.5, np.float32)
+        (x,) = self._fill(mesh, P("d"), (self.k * n,), np.float32, 0.5)
         ops = 2 * chain if kind == "flop_s" else chain
         return self._timed(lambda r: f(x, r).block_until_ready(), ops=UNROLL * ops * n)
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from alpac.analysis.costs import CostTable
 from alpac.hlo.ir import Computation, Instruction
-from alpac.hlo.opcodes import LOOP_FUSIBLE, REDUCTIONS
+from alpac.hlo.opcodes import CONTRACTIONS, LOOP_FUSIBLE, REDUCTIONS
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +39,7 @@ def kernel_shares(comp: Computation, costs: CostTable) -> dict[Instruction, Kern
         root[instr] = root[only] if fused else instr
     own: dict[Instruction, float] = {}
     for instr in comp.instructions:
-        if instr not in costs or instr.opcode in ("dot", "convolution"):
+        if instr not in costs or instr.opcode in CONTRACTIONS:
             continue
         cost = costs[instr]
         operand_bytes = [op.shape.byte_size for op in instr.operands]

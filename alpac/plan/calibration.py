@@ -86,8 +86,8 @@ class Calibration:
 
     def to_dict(self) -> dict:
         out: dict = {"source": self.source, "launch_s": self.launch_s}
-        out.update({name: getattr(self, name) for name in ("flop_s", "transcendental_s")
-                    if getattr(self, name)})
+        # launch_s always; the arithmetic figures where measured (files before them lack them)
+        out.update({name: getattr(self, name) for name in SCALARS[1:] if getattr(self, name)})
         if self.dot:
             out["dot"] = {t: table.to_rows() for t, table in self.dot.items()}
         for name in ("elementwise", "reduce"):

@@ -39,8 +39,9 @@ def main() -> None:
             print(rows[-1], flush=True)
     write_results("alpa_regression", "Alpa's GPT-2.6B regression run, priced by alpac", rows,
                   f"GPT-2.6B, 32 blocks, batch 32 x 1024 tokens, f16, Adam; one p3.16xlarge "
-                  f"node as `testdata/clusters/aws-p3.16xlarge-x8.yaml` describes it (peak "
-                  f"figures, no calibration); `--strategy {STRATEGY} --micro-batches 4`, no "
+                  f"node as `testdata/clusters/aws-p3.16xlarge-x8.yaml` describes it "
+                  f"(datasheet peaks times the published efficiency figures in its comments); "
+                  f"`--strategy {STRATEGY} --micro-batches 4`, no "
                   f"memory limit. Alpa measured {MEASURED_S} s per iteration with "
                   f"recomputation. `python benchmarks/bench_alpa_regression.py`.")
 

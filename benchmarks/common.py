@@ -60,12 +60,8 @@ def compile_plan(model: Path, cluster, out: Path, options: dict | None = None,
 
 def p3_cluster(devices: int):
     """The paper's p3.16xlarge cluster cut to `devices` (whole nodes of 8, or part of one)."""
-    import dataclasses
-
     from alpac.plan.cluster import load_cluster
-    p3 = load_cluster(ROOT / "testdata" / "clusters" / "aws-p3.16xlarge-x8.yaml")
-    return dataclasses.replace(p3, nodes=max(1, devices // p3.devices_per_node),
-                               devices_per_node=min(devices, p3.devices_per_node))
+    return load_cluster(ROOT / "testdata" / "clusters" / "aws-p3.16xlarge-x8.yaml").cut(devices)
 
 
 def megatron_grid(devices: int, per_node: int, blocks: int):

@@ -20,5 +20,6 @@ class IntraOpShardingPass(Pass):
     gap: float = 1e-4  # relative optimality gap at which SCIP may stop
 
     def run(self, ctx: CompileContext) -> None:
-        ctx.put(shard_stages(ctx.get(StageAssignment), ctx.cluster, ctx.budget,
+        assignment = ctx.get(StageAssignment)
+        ctx.put(shard_stages(assignment, assignment.runs_on or ctx.cluster, ctx.budget,
                              self.time_limit, self.gap, ctx.progress))

@@ -22,7 +22,9 @@ class ReduceScatterPass(Pass):
     time_limit: float = 60.0
 
     def run(self, ctx: CompileContext) -> None:
-        sharded, report = rewrite_weight_update(ctx.get(ShardedStages), ctx.get(StepSplit),
-                                                ctx.cluster, str(self.zero), self.time_limit)
+        stages = ctx.get(ShardedStages)
+        sharded, report = rewrite_weight_update(stages, ctx.get(StepSplit),
+                                                stages.assignment.runs_on or ctx.cluster,
+                                                str(self.zero), self.time_limit)
         ctx.put(sharded)
         ctx.put(report)

@@ -4,12 +4,13 @@ write it as a cluster.yaml with a `calibration:` section (schema: alpac.plan.cal
 The `alpac` command (the compiler side, which never imports the runtime) starts this module
 as `python -m alpac.runtime.calibrate OPTIONS_JSON [MPI_ARGS]`. It launches the ranks like
 `alpa-run` (the launcher's mpiexec supervision), in two phases: `local` (single-process jax on
-every rank: launching, dots, elementwise and reduce, collectives inside a rank, sends) and,
-with more than one rank, `inter` (multi-process jax, gloo on CPU: collectives across ranks;
-jax cannot be both in one process, and with gloo on even a rank's own collectives would go
-through it). Each phase's rank 0 gathers the ranks' medians into a JSON file; this process
-shows the progress rank 0 reports, then writes the YAML file, or with `--check` compares a
-sample of a recorded file's rows and reports the drift per table.
+every rank: launching, dots, elementwise and reduce, sends, and with one rank its
+collectives) and, with more than one rank, `inter` (multi-process jax, gloo on CPU: every
+collective, a rank's own among its devices included, for a multi-rank alpa-run sends those
+through gloo too; jax cannot be both in one process). Each phase's rank 0 gathers the ranks'
+medians into a JSON file; this process shows the progress rank 0 reports, then writes the
+YAML file, or with `--check` compares a sample of a recorded file's rows and reports the
+drift per table.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from pathlib import Path
 
 from alpac.runtime.comm import EXIT_CHECK, EXIT_USAGE
 from alpac.plan.calibration import SCALARS
-from alpac.runtime.probes import Point, collective_bytes, dot_shapes, dot_side, grid
+from alpac.runtime.probes import (Point, collective_bytes, collective_phase, dot_shapes,
+                                  dot_side, grid)
 from alpac.runtime.status import STATUS_ENV, write_json
 
 PROGRESS = "progress.json"
@@ -147,7 +149,7 @@ def _run_phase(mpiexec: str, n: int, extra: list[str], phase: str, work: Path,
 class _ProgressView:
     """A progress bar (stderr) fed by the file rank 0 rewrites after each point."""
 
-    TITLES = {"local": "on each rank", "inter": "collectives across ranks"}
+    TITLES = {"local": "on each rank", "inter": "collectives, as multi-rank runs do them"}
 
     def __init__(self, path: Path, phase: str):
         self.path, self.phase = path, phase
@@ -197,7 +199,7 @@ def worker(phase: str, work: Path) -> int:
     if status:  # lets the launcher name a rank that dies without a word
         (Path(status) / f"pid.rank{comm.rank}").write_text(str(os.getpid()))
     try:
-        points = [Point(tuple(p["table"]), p["size"], tuple(p["shape"]))
+        points = [Point(tuple(p["table"]), p["size"], tuple(p["shape"]), p["phase"])
                   for p in spec["points"]]
         _measure(comm, phase, work, points, spec["k"], platform, opts.timeout)
         if status:
@@ -345,7 +347,8 @@ def write_calibrated(opts: Options, n: int, k: int, points: list[Point], seconds
         "# Units: seconds, bytes, FLOPs. calibration: tables of [size, seconds] rows, each the",
         "# median of repeated timings, no row above a larger one (README, `alpac calibrate`).",
         "# device.flops: the best dot row per type; memory_bandwidth: the largest elementwise",
-        "# chain; links: latency and bandwidth fitted to the send tables.",
+        "# chain; links: latency and bandwidth fitted to the send tables. concurrency: rows of",
+        "# [devices working at once, seconds of one device's dot].",
     ]
     out = Path(opts.output)
     tmp = out.with_name(f".{out.name}.tmp")
@@ -356,8 +359,16 @@ def write_calibrated(opts: Options, n: int, k: int, points: list[Point], seconds
         f"calibrated cluster written to {out} ({n} ranks x {k} devices, {took:.0f} s): dot "
         + ", ".join(f"{t} {f / 1e9:.3g} GFLOP/s" for t, f in dev["flops"].items())
         + f", elementwise {dev['memory_bandwidth'] / 1e9:.3g} GB/s, launch "
-        f"{cal['launch_s'] * 1e6:.3g} µs", soft_wrap=True)
+        f"{cal['launch_s'] * 1e6:.3g} µs" + _alone(cal), soft_wrap=True)
     return 0
+
+
+def _alone(cal: dict) -> str:
+    """How much faster one device works alone than with every device at once."""
+    rows = cal.get("concurrency")
+    if not rows or len(rows) < 2:
+        return ""
+    return f"; a device alone {rows[-1][1] / rows[0][1]:.2g}x as fast as with all {rows[-1][0]}"
 
 
 # ---- --check -------------------------------------------------------------------------------
@@ -380,6 +391,7 @@ def _flat(cal: dict) -> list[tuple[tuple[str, ...], list]]:
             for link, kinds in cal.get("collectives", {}).items()
             for kind, groups in kinds.items() for g, rows in groups.items()]
     out += [(("send", link), rows) for link, rows in cal.get("send", {}).items()]
+    out += [(("concurrency",), cal["concurrency"])] if "concurrency" in cal else []
     return out
 
 
@@ -394,6 +406,8 @@ def _remeasure(table: tuple[str, ...], size: float, n: int, k: int) -> list[Poin
     if kind in ("elementwise", "reduce"):
         unit = 8 if kind == "elementwise" else 4
         return [Point(table, max(unit, int(size) // unit * unit))]
+    if kind == "concurrency":
+        return [Point(table, int(size))] if size <= n * k else []
     if kind == "send":
         present = k > 1 if table[1] == "intra_node" else n > 1
         return [Point(table, max(4, int(size) // 4 * 4))] if present else []
@@ -402,7 +416,8 @@ def _remeasure(table: tuple[str, ...], size: float, n: int, k: int) -> list[Poin
         group = (1, g) if g <= k else None
     else:
         group = (g, 1) if g <= n else (n, k) if k > 1 and g == n * k else None
-    return [Point(table, collective_bytes(size, g), group)] if group else []
+    return [Point(table, collective_bytes(size, g), group, collective_phase(n))] \
+        if group else []
 
 
 def sample(cal: dict, n: int, k: int) -> list[Sample]:

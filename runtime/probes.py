@@ -13,8 +13,10 @@ repeat count for every rank taking part, so that all run alike.
 
 Every device works at once, as in a plan's run: each rank runs an SPMD program over all of
 its devices, and the ranks start each timing together (on CPU they share the cores; a device
-timed alone would look several times faster than it runs). Collectives across ranks and
-sends between ranks involve only the ranks in the group, rank 0 always among them.
+timed alone would look several times faster than it runs). The `concurrency` table says by
+how much: one dot timed with 1, 2, 4, ... devices working at once, the plan that leaves
+devices idle is priced from it. Collectives across ranks and sends between ranks involve
+only the ranks in the group, rank 0 always among them.
 """
 
 from __future__ import annotations
@@ -37,8 +39,9 @@ TARGET = 4e-3  # seconds: shorter work is repeated inside one execution
 # CPU: a small all-reduce takes 0.35 ms back to back, 4 ms now and then, more often with gaps
 # between them): longer and more timings, so that the median is the back-to-back cost.
 ACROSS_REPS, ACROSS_TARGET = 9, 50e-3
-# the largest message across ranks in the full grid: a 64 MiB one costs gloo seconds per
-# collective (a 5-minute budget for 4 ranks on 2 cores); the tables extrapolate past it
+# the largest message under multi-process jax in the full grid: a 64 MiB one costs gloo
+# seconds per collective (a 5-minute budget for 4 ranks on 2 cores); the tables extrapolate
+# past it
 ACROSS_MAX_BYTES = 16 << 20
 MAX_REPEAT = 512
 TAG_REPEAT = (1 << 28) + 16
@@ -49,21 +52,27 @@ TAG_PING = (1 << 28) + 17
 class Point:
     """One row to measure: `table` is its key path under `calibration:`, `size` the row's
     FLOPs or bytes; `shape` is (m, k, n) for a dot, (ranks, devices per rank) for a
-    collective's group."""
+    collective's group; `phase` "inter" measures it under multi-process jax."""
     table: tuple[str, ...]
     size: int
     shape: tuple[int, ...] = ()
-
-    @property
-    def phase(self) -> str:
-        """"inter" for collectives across ranks (multi-process jax), else "local"."""
-        return "inter" if self.table[:2] == ("collectives", "inter_node") else "local"
+    phase: str = "local"
 
     def describe(self) -> str:
         what = ".".join(self.table)
+        if self.table[0] == "concurrency":
+            return f"a dot on {self.size} device(s) at once"
         if self.table[0] == "dot":
             return f"{what} {'x'.join(map(str, self.shape))}"
         return what if self.table[0] in SCALARS else f"{what} {self.size:,} B"
+
+
+def collective_phase(ranks: int) -> str:
+    """Where a calibration of `ranks` ranks measures its collectives, a rank's own included:
+    as alpa-run runs them. With several ranks that is multi-process jax, where XLA's CPU
+    client sends even the collectives among one process's devices through gloo (5-20x
+    dearer than in one process)."""
+    return "inter" if ranks > 1 else "local"
 
 
 # ---- the grid ------------------------------------------------------------------------------
@@ -111,13 +120,17 @@ def grid(nodes: int, k: int, quick: bool, gpu: bool = False) -> list[Point]:
     groups = [("intra_node", (1, g)) for g in group_sizes(k)]
     groups += [("inter_node", (g, 1)) for g in group_sizes(nodes)]
     groups += [("inter_node", (nodes, k))] if nodes > 1 and k > 1 and not quick else []
+    phase = collective_phase(nodes)
     for link, (ranks, per) in groups:
         for kind in COLLECTIVES:
             points += [Point(("collectives", link, kind, str(ranks * per)),
-                             collective_bytes(b, ranks * per), (ranks, per))
-                       for b in messages if link == "intra_node" or b <= ACROSS_MAX_BYTES]
+                             collective_bytes(b, ranks * per), (ranks, per), phase)
+                       for b in messages if phase == "local" or b <= ACROSS_MAX_BYTES]
     for link, present in (("intra_node", k > 1), ("inter_node", nodes > 1)):
         points += [Point(("send", link), b) for b in messages] if present else []
+    total = nodes * k
+    points += [Point(("concurrency",), busy) for busy in [1] + group_sizes(total)] \
+        if total > 1 else []
     return points
 
 
@@ -186,6 +199,8 @@ class Rank:
             return self.arithmetic(kind)
         if kind == "dot":
             return self.dot(p.table[1], *p.shape)
+        if kind == "concurrency":
+            return self.concurrent(p.size)
         if kind in ("elementwise", "reduce"):
             return self.memory(kind, p.size)
         if kind == "collectives":
@@ -199,11 +214,12 @@ class Rank:
         return self.send_between_ranks(p.size) if self.comm.rank < 2 else None
 
     # ---- on each device of the rank ----------------------------------------------------
-    def _spmd(self, body, replicated: int = 0):
-        """`body(x, *replicated, r)` on every device of the rank, x split on axis 0."""
+    def _spmd(self, body, replicated: int = 0, devices=None):
+        """`body(x, *replicated, r)` on every device of the rank (or `devices`), x split on
+        axis 0."""
         from jax.sharding import Mesh
         from jax.sharding import PartitionSpec as P
-        mesh = Mesh(np.array(self.local), ("d",))
+        mesh = Mesh(np.array(self.local if devices is None else devices), ("d",))
         specs = (P("d"),) + (P(),) * (replicated + 1)
         return mesh, self.jax.jit(self.jax.shard_map(body, mesh=mesh, in_specs=specs,
                                                      out_specs=P("d"), check_vma=False))
@@ -231,21 +247,35 @@ class Rank:
         self.launch_s = self._timed(run)
         return self.launch_s
 
-    def dot(self, dtype: str, m: int, k: int, n: int) -> float:
-        """[m,k]x[k,n] and back ([m,n]x[n,k]), repeated: two dots of 2mkn FLOPs each."""
+    def dot(self, dtype: str, m: int, k: int, n: int, devices=None) -> float:
+        """[m,k]x[k,n] and back ([m,n]x[n,k]), repeated: two dots of 2mkn FLOPs each, on
+        every device of the rank (or `devices`)."""
         from jax import lax
         from jax.sharding import PartitionSpec as P
         jnp = self.jax.numpy
+        devices = self.local if devices is None else devices
         t = jnp.float32 if dtype == "f32" else jnp.bfloat16
         # weights 1/k and 1/n keep the values at 1: no overflow, no denormals
         # a CPU's loop costs next to nothing beside a dot of 1e7 FLOPs or more
-        unroll = UNROLL if self.local[0].platform != "cpu" or 2 * m * k * n < 1e7 else 1
+        unroll = UNROLL if devices[0].platform != "cpu" or 2 * m * k * n < 1e7 else 1
         mesh, f = self._spmd(lambda x, a, b, r: lax.fori_loop(
-            0, r, lambda i, y: _unrolled(lambda z: (z @ a) @ b, y, unroll), x), replicated=2)
-        (x,) = self._fill(mesh, P("d"), (self.k * m, k), t, 1)
+            0, r, lambda i, y: _unrolled(lambda z: (z @ a) @ b, y, unroll), x), replicated=2,
+            devices=devices)
+        (x,) = self._fill(mesh, P("d"), (len(devices) * m, k), t, 1)
         (a,) = self._fill(mesh, P(), (k, n), t, 1 / k)
         (b,) = self._fill(mesh, P(), (n, k), t, 1 / n)
         return self._timed(lambda r: f(x, a, b, r).block_until_ready(), ops=2 * unroll)
+
+    def concurrent(self, busy: int) -> float | None:
+        """A square f32 dot on each of `busy` devices at once (the first ranks' first
+        devices, the rest idle; side 256 on CPU, 2048 on a GPU): how much faster a device
+        works with fewer beside it. None on a rank with no device working."""
+        mine = min(self.k, max(0, busy - self.comm.rank * self.k))
+        if not mine:
+            self._timed(lambda r: None)  # keeps step with the ranks that time
+            return None
+        side = 256 if self.local[0].platform == "cpu" else 2048
+        return self.dot("f32", side, side, side, self.local[:mine])
 
     def memory(self, kind: str, nbytes: int) -> float:
         """A fused chain of four elementwise ops over an f32 array (`nbytes` read + written),

@@ -29,6 +29,7 @@ def tables(cal: dict) -> dict[str, list]:
     out |= {f"collectives.{link}.{kind}.{g}": rows
             for link, kinds in cal["collectives"].items()
             for kind, groups in kinds.items() for g, rows in groups.items()}
+    out |= {"concurrency": cal["concurrency"]} if "concurrency" in cal else {}
     return out | {f"send.{link}": rows for link, rows in cal["send"].items()}
 
 
@@ -54,7 +55,7 @@ def test_quick_calibration_loads_and_is_complete(calibrated):
     assert 0 < cal["flop_s"] < cal["transcendental_s"] < cal["launch_s"]
     found = tables(cal)
     expected = {"dot.f32", "dot.bf16", "elementwise", "reduce", "send.intra_node",
-                "send.inter_node"}
+                "send.inter_node", "concurrency"}
     expected |= {f"collectives.intra_node.{kind}.2" for kind in KINDS}
     expected |= {f"collectives.inter_node.{kind}.2" for kind in KINDS}
     assert set(found) == expected
@@ -63,12 +64,15 @@ def test_quick_calibration_loads_and_is_complete(calibrated):
         assert len(rows) >= 2 and all(isinstance(s, int) and s > 0 for s in sizes), name
         assert sizes == sorted(set(sizes)), name
         assert all(s > 0 for s in seconds) and seconds == sorted(seconds), name
+    # one device working, 2, 4: on this machine's 2 cores a device alone is faster
+    assert [r[0] for r in cal["concurrency"]] == [1, 2, 4]
+    assert cluster.calibration.compute_share(1) < 0.8
 
 
 def test_check_of_a_fresh_calibration_passes(calibrated):
     result = run("calibrate", "--check", calibrated, "--tolerance", "99", "--", "np", "2")
     assert result.returncode == 0, result.stderr + result.stdout
-    assert "calibration check passed: 19 tables within 9900%" in result.stdout
+    assert "calibration check passed: 20 tables within 9900%" in result.stdout
     assert "collectives.inter_node.all-to-all.2" in result.stdout
 
 

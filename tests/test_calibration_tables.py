@@ -140,9 +140,11 @@ def test_a_fused_chain_is_priced_as_the_kernel_xla_makes_of_it(tmp_path):
     shares = kernel_shares(module.entry, costs)
     by_name = {i.name: s for i, s in shares.items()}
     array = 1024 * 256 * 4
-    assert by_name["sc"].kernel == pytest.approx(2 * array)  # p read, sc written
+    # p read, sc written (and the scalar the broadcast is made from)
+    assert by_name["sc"].kernel == pytest.approx(2 * array + 4)
+    assert by_name["hb"].own == 0  # made again inside the kernel
     assert by_name["ex"].kernel == by_name["sc"].kernel and by_name["ex"].kind == "elementwise"
-    assert by_name["rows"].kernel == pytest.approx(array + 1024 * 4)
+    assert by_name["rows"].kernel == pytest.approx(array + 1024 * 4 + 4)  # sc, rows, zero
     assert by_name["rows"].kind == "reduce" and "d" not in by_name
     model = CostModel(load_cluster(cluster(tmp_path)), LogicalMesh((1,), (0,)))
     kernel_seconds = sum(model.compute(costs[i].flops, s.own, "f32", s.kind, s.kernel)
@@ -167,3 +169,104 @@ def test_a_kernel_costs_its_arithmetic_where_that_takes_longer_than_its_memory(t
     assert c.calibration.to_dict()["transcendental_s"] == 1e-8
     with pytest.raises(UserError, match="calibration.flop_s: expected non-negative seconds"):
         load_cluster(cluster(tmp_path, text=text.replace("flop_s: 1.0e-9", "flop_s: -1")))
+
+
+def test_the_roofline_prices_fused_kernels_at_the_bandwidth_programs_get(tmp_path):
+    """A datasheet file with `efficiency:` (no tables): the fused chain moves its kernel's
+    bytes at memory_bandwidth x efficiency.memory, dots run at peak x efficiency.dot, and a
+    collective's bandwidth term is the link's x its efficiency."""
+    from alpac.analysis.costs import CostTable
+    from alpac.analysis.fusion import kernel_shares
+    from alpac.hlo import parse_hlo
+    text = CLUSTER.split("calibration:")[0].replace(
+        "memory: 1GiB, flops: {f32: 20e9}", "memory: 1GiB, flops: {f32: 20e12}, "
+        "memory_bandwidth: 100GB/s") + \
+        "efficiency: {dot: 0.5, memory: 0.8, inter_node: 0.25}\n"
+    model = CostModel(load_cluster(cluster(tmp_path, text=text)),
+                      LogicalMesh((2, 2), (0, 1, 2, 3)))
+    assert model.prices_kernels
+    module = parse_hlo(FUSED_CHAIN)
+    costs = CostTable(module)
+    shares = kernel_shares(module.entry, costs)
+    chain = [(i, s) for i, s in shares.items() if s.kernel == pytest.approx(2 * 1024 * 256 * 4 + 4)]
+    seconds = sum(model.compute(costs[i].flops, s.own, "f32", s.kind, s.kernel)
+                  for i, s in chain)  # within 1%: a tiny op's arithmetic outlasts its bytes
+    assert seconds == pytest.approx(2 * 1024 * 256 * 4 / 80e9, rel=0.01)
+    assert model.compute(1e12, 0, "f32", "dot") == pytest.approx(1e12 / 10e12)
+    ring = 2 * (50e-6 + 0.5 * 1e6 / 0.25e9)  # all-reduce of 1 MB over 2 devices across nodes
+    assert model.collective("all-reduce", 1e6, (0,)) == pytest.approx(ring)
+
+
+def test_a_broadcast_two_kernels_use_is_made_again_in_each():
+    """XLA makes a broadcast again inside every kernel that uses it: one broadcast feeding two
+    kernels moves the bytes of two broadcasts feeding one each (a scanned model unrolled
+    has the latter, its unrolled twin the former; their plans must price alike)."""
+    from alpac.analysis.costs import CostTable
+    from alpac.analysis.fusion import kernel_shares
+    from alpac.hlo import parse_hlo
+    head = "HloModule m\nENTRY e {\n  p = f32[512,512] parameter(0)\n  c = f32[] constant(2)\n"
+    shared = head + """  b = f32[512,512] broadcast(c), dimensions={}
+  x = f32[512,512] multiply(p, b)
+  y = f32[512,512] add(p, b)
+  ROOT t = (f32[512,512], f32[512,512]) tuple(x, y)
+}
+"""
+    apart = head + """  b1 = f32[512,512] broadcast(c), dimensions={}
+  b2 = f32[512,512] broadcast(c), dimensions={}
+  x = f32[512,512] multiply(p, b1)
+  y = f32[512,512] add(p, b2)
+  ROOT t = (f32[512,512], f32[512,512]) tuple(x, y)
+}
+"""
+    totals = []
+    for text in (shared, apart):
+        module = parse_hlo(text)
+        shares = kernel_shares(module.entry, CostTable(module))
+        totals.append(sum(s.own for s in shares.values()))
+    assert totals[0] == totals[1] == 2 * (2 * 512 * 512 * 4 + 4)
+
+
+SHARED = CLUSTER + "  concurrency: [[1, 1.0e-3], [2, 2.0e-3], [4, 4.0e-3]]\n"
+
+
+def test_a_device_with_fewer_beside_it_computes_faster_where_they_share_a_host(tmp_path):
+    """The concurrency table (one device's dot with 1, 2, 4 devices working): on the cluster
+    cut to fewer devices compute costs that share of the tables' all-devices figures;
+    collectives do not change."""
+    c = load_cluster(cluster(tmp_path, text=SHARED))
+    assert c.calibration.to_dict()["concurrency"] == [[1, 1e-3], [2, 2e-3], [4, 4e-3]]
+    assert [c.calibration.compute_share(n) for n in (1, 2, 4, 8)] == [0.25, 0.5, 1.0, 1.0]
+    alone, full = (CostModel(c.cut(n), LogicalMesh((n,), tuple(range(n)))) for n in (1, 4))
+    assert alone.compute(1e8, 0, "f32", "dot") == pytest.approx(0.25 * full.compute(1e8, 0,
+                                                                                    "f32", "dot"))
+    pair = LogicalMesh((2,), (0, 1))
+    assert CostModel(c.cut(2), pair).collective("all-reduce", 1e6, (0,)) == \
+        CostModel(c, pair).collective("all-reduce", 1e6, (0,))
+    assert c.cut(3) is None and c.cut(4) is c and (c.cut(2).nodes, c.cut(2).devices_per_node) \
+        == (1, 2)
+
+
+def test_the_automatic_plan_leaves_devices_idle_where_that_is_faster(tmp_path):
+    """On a host whose 4 devices share its cores (a device alone 4x as fast), the tiny MLP
+    step runs fastest on one device: the automatic plan says so, and explain tells why; a
+    --mesh plan is priced on the devices it uses. Without the table every device works."""
+    plans = {}
+    for name, text, flags in (("shared", SHARED, []), ("independent", CLUSTER, []),
+                              ("mesh", SHARED, ["--mesh", "2"])):
+        out = tmp_path / name
+        done = subprocess.run([sys.executable, "-m", "alpac.cli", "compile",
+                               str(MODELS / "mlp_train.hlo"), "--cluster",
+                               str(cluster(tmp_path, text=text)), "-o", str(out), *flags],
+                              capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        plans[name] = json.loads((out / "plan.json").read_text())
+    assert plans["shared"]["devices_used"] == 1
+    assert [s["mesh"]["devices"] for s in plans["shared"]["stages"]] == [[0]]
+    assert "devices_used" not in plans["independent"]
+    assert sorted(d for s in plans["independent"]["stages"] for d in s["mesh"]["devices"]) \
+        == [0, 1, 2, 3]
+    assert plans["mesh"]["devices_used"] == 2
+    explained = subprocess.run([sys.executable, "-m", "alpac.cli", "explain",
+                                str(tmp_path / "shared")], capture_output=True, text=True)
+    assert "runs on 1 of the cluster's 4 devices, the rest idle" in \
+        " ".join(explained.stdout.split())

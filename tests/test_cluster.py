@@ -9,7 +9,8 @@ import pytest
 from conftest import TESTDATA
 
 from alpac.errors import UserError
-from alpac.plan.cluster import Cluster, DeviceSpec, Link, default_cluster, load_cluster
+from alpac.plan.cluster import (Cluster, DeviceSpec, Efficiency, Link, default_cluster,
+                                load_cluster)
 
 CLUSTERS = TESTDATA / "clusters"
 
@@ -34,7 +35,8 @@ BASE = {"name": "t", "nodes": 2, "devices_per_node": 4,
                   "inter_node": {"bandwidth": "25Gbit/s", "latency": "20us"}}}
 
 
-@pytest.mark.parametrize("name", ["aws-p3.16xlarge-x8", "dgx-a100-x4", "local-cpu"])
+@pytest.mark.parametrize("name", ["aws-p3.16xlarge-x8", "dgx-a100-x4", "dgx-h100-x4",
+                                  "local-cpu"])
 def test_examples_load_and_round_trip(name):
     c = load_cluster(CLUSTERS / f"{name}.yaml")
     assert c.name == name
@@ -54,6 +56,39 @@ def test_paper_cluster():
     assert c.link(0, 7) is c.intra_node and c.link(7, 8) is c.inter_node
     with pytest.raises(ValueError):
         c.node_of(64)
+
+
+def test_published_efficiency_scales_the_peaks():
+    """The V100, A100 and H100 files carry the share of each peak published measurements got;
+    a file without `efficiency:` prices at the peaks."""
+    for name in ("aws-p3.16xlarge-x8", "dgx-a100-x4", "dgx-h100-x4"):
+        c = load_cluster(CLUSTERS / f"{name}.yaml")
+        shares = vars(c.efficiency)
+        assert all(0.5 <= v < 1 for v in shares.values()), (name, shares)
+        assert c.dot_flops("f16") == c.peak_flops("f16") * c.efficiency.dot
+        assert c.memory_throughput == c.device.memory_bandwidth * c.efficiency.memory
+        link = c.effective_link("inter_node")
+        assert (link.bandwidth, link.latency) == (c.inter_node.bandwidth * c.efficiency.inter_node,
+                                                  c.inter_node.latency)
+    plain = Cluster.from_dict(BASE)
+    assert plain.efficiency == Efficiency() and plain.dot_flops("f32") == 15.7e12
+    assert plain.memory_throughput is None and "efficiency" not in plain.to_dict()
+    partial = Cluster.from_dict(BASE | {"efficiency": {"inter_node": 0.5}})
+    assert partial.efficiency == Efficiency(inter_node=0.5)
+    assert partial.effective_link("intra_node") == partial.intra_node
+
+
+@pytest.mark.parametrize("efficiency, message", [
+    ({"dot": 1.5},
+     r"efficiency\.dot: expected a share of the peak in \(0, 1\], like 0\.8, got 1\.5"),
+    ({"dot": 0}, r"efficiency\.dot: expected a share"),
+    ({"memory": "90%"}, r"efficiency\.memory: expected a share .* got '90%'"),
+    ({"network": 0.5}, r"efficiency\.network: unknown key 'network'; allowed keys here: dot, "),
+    ([0.5], r"efficiency: expected a mapping"),
+])
+def test_efficiency_errors(efficiency, message):
+    with pytest.raises(UserError, match=message):
+        Cluster.from_dict(BASE | {"efficiency": efficiency})
 
 
 def test_peak_flops_fallbacks():

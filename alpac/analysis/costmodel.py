@@ -9,15 +9,21 @@ group of n devices and S bytes (S = the full, gathered size of the array on each
     all-to-all                  : (n-1)·alpha + (n-1)/n · S / bandwidth   (S = local bytes)
     collective-permute          : alpha + S / bandwidth
 
-Compute is a roofline: max(FLOPs / peak FLOP/s of the element type, bytes / memory
-bandwidth) per device; work that every device repeats (replicated) costs its full time.
-Unlike XLA's auto-sharding costs, nothing is rounded to integers.
+Compute is a roofline: max(FLOPs / FLOP/s of the element type, bytes / memory bandwidth) per
+device; work that every device repeats (replicated) costs its full time. Elementwise work and
+reductions are priced by the bytes of the fused kernel XLA runs them in (each instruction its
+share, alpac.analysis.fusion), not the bytes each instruction would move alone. FLOP/s and
+bandwidths are the peaks times the file's `efficiency:` shares (1 where it has none). Unlike
+XLA's auto-sharding costs, nothing is rounded to integers.
 
 A calibrated cluster (`alpac calibrate`, alpac/plan/calibration.py) replaces these formulas by
 its measured tables where it has one: dots by FLOPs, elementwise work and reductions by bytes,
 each collective by link kind, group size and bytes, point-to-point sends by bytes. The tables
 hold work inside a module (measured repeated within one execution); launching a module is
-counted once per module execution instead (`launch_seconds`).
+counted once per module execution instead (`launch_seconds`). They were measured with every
+device of the calibration working; where its `concurrency` table says devices share a host
+(virtual CPU devices), compute on a cluster cut to fewer devices (a plan that leaves the
+rest idle) costs that table's share.
 """
 
 from __future__ import annotations
@@ -32,15 +38,16 @@ class CostModel:
         self.cluster = cluster
         self.mesh = mesh
         self._links: dict[tuple[int, ...], object] = {}
+        calibration = cluster.calibration
+        self._share = calibration.compute_share(cluster.num_devices) if calibration else 1.0
 
     def _link(self, axes: tuple[int, ...]) -> tuple[object, str]:
         """The link a collective over `axes` uses, and its kind (intra_node or inter_node)."""
         found = self._links.get(axes)
         if found is None:
             crosses = self.mesh.axis_crosses_nodes(axes, self.cluster)
-            found = (self.cluster.inter_node, "inter_node") if crosses else \
-                (self.cluster.intra_node, "intra_node")
-            self._links[axes] = found
+            kind = "inter_node" if crosses else "intra_node"
+            found = self._links[axes] = (self.cluster.effective_link(kind), kind)
         return found
 
     def group_size(self, axes) -> int:
@@ -64,9 +71,10 @@ class CostModel:
 
     @property
     def prices_kernels(self) -> bool:
-        """Whether `compute` prices fused kernels (`kernel_bytes`): the measured tables time
-        one kernel at a time; the roofline is linear in bytes and prices instructions."""
-        return self.cluster.calibration is not None
+        """Whether `compute` wants fused kernels' bytes (`kernel_bytes`): the measured tables
+        time one kernel at a time, the roofline the bytes kernels move through memory; without
+        a memory bandwidth only FLOPs count."""
+        return self.cluster.calibration is not None or bool(self.cluster.device.memory_bandwidth)
 
     def compute(self, flops: float, nbytes: float, dtype: str = "f32",
                 kind: str = "elementwise", kernel_bytes: float | None = None,
@@ -75,7 +83,14 @@ class CostModel:
         measured table prices it, on a calibrated cluster). With `kernel_bytes` (the bytes of
         the fused kernel the instruction runs in, alpac.analysis.fusion) the instruction
         costs its share, `nbytes` of them, of the kernel's memory time, or its arithmetic
-        at the measured per-op rates where that takes longer (sqrt, exp, divide chains)."""
+        at the measured per-op rates where that takes longer (sqrt, exp, divide chains).
+        Times the concurrency share of a cluster cut to fewer devices (module docstring)."""
+        return self._share * self._compute(flops, nbytes, dtype, kind, kernel_bytes,
+                                           transcendentals)
+
+    def _compute(self, flops: float, nbytes: float, dtype: str, kind: str,
+                 kernel_bytes: float | None, transcendentals: float) -> float:
+        """`compute` with every device of the calibration working."""
         calibration = self.cluster.calibration
         if calibration is not None:
             if kind == "dot" and flops:
@@ -91,11 +106,9 @@ class CostModel:
                            transcendentals * calibration.transcendental_s)
             if table is not None:
                 return table(size)
-        device = self.cluster.device
-        t = flops / self.cluster.peak_flops(dtype) if flops else 0.0
-        if device.memory_bandwidth:
-            t = max(t, nbytes / device.memory_bandwidth)
-        return t
+        t = flops / self.cluster.dot_flops(dtype) if flops else 0.0
+        memory = self.cluster.memory_throughput
+        return max(t, nbytes / memory) if memory else t
 
     @property
     def launch_seconds(self) -> float:
@@ -105,11 +118,11 @@ class CostModel:
 
     def send(self, nbytes: float, src_device: int, dst_device: int) -> float:
         """Point-to-point time between two physical devices (cross-mesh transfers)."""
-        link = self.cluster.link(src_device, dst_device)
+        where = "intra_node" if self.cluster.node_of(src_device) == \
+            self.cluster.node_of(dst_device) else "inter_node"
+        link = self.cluster.effective_link(where)
         calibration = self.cluster.calibration
         if calibration is not None:
-            where = "intra_node" if self.cluster.node_of(src_device) == \
-                self.cluster.node_of(dst_device) else "inter_node"
             table = calibration.send.get(where)
             if table is not None:
                 return table(nbytes)

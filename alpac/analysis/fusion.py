@@ -4,7 +4,8 @@ A measured table prices a kernel (`alpac calibrate` times a fused elementwise ch
 reduction as one kernel each), not an instruction: a chain of ten elementwise ops that XLA
 fuses reads its inputs and writes its result once, and pays one kernel's fixed cost. The
 rule is XLA's loop and input fusion in its simplest form: an op of `LOOP_FUSIBLE` whose
-only user is another such op, or a reduction, runs inside its user's kernel. Each
+only user is another such op, or a reduction, runs inside its user's kernel; a constant,
+iota or broadcast whose users all fuse is made again inside each of their kernels. Each
 instruction keeps its share of its kernel's bytes (what it reads from outside the kernel,
 and its result where that leaves the kernel), so the sharding ILP can still price each
 instruction under its own sharding.
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 
 from alpac.analysis.costs import CostTable
 from alpac.hlo.ir import Computation, Instruction
-from alpac.hlo.opcodes import CONTRACTIONS, LOOP_FUSIBLE, REDUCTIONS
+from alpac.hlo.opcodes import CONTRACTIONS, GENERATORS, LOOP_FUSIBLE, REDUCTIONS
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,20 +32,30 @@ class KernelShare:
 def kernel_shares(comp: Computation, costs: CostTable) -> dict[Instruction, KernelShare]:
     """Every costed instruction of `comp` that is not a contraction, with its kernel share."""
     users = comp.users()
+    fusible = LOOP_FUSIBLE | REDUCTIONS
+    # a constant, iota or broadcast all of whose users fuse is made again inside each of
+    # their kernels (XLA duplicates what is cheaper to make than to read): no kernel of its
+    # own, and each user reads what it is made from (a broadcast's operand, a literal)
+    again = {x for x in comp.instructions if x.opcode in GENERATORS and users[x] and
+             all(u.opcode in fusible for u in users[x])}
     root: dict[Instruction, Instruction] = {}
     for instr in reversed(comp.instructions):  # users come after their operands
         only = users[instr][0] if len(users[instr]) == 1 else None
         fused = instr.opcode in LOOP_FUSIBLE and only is not None and \
-            (only.opcode in LOOP_FUSIBLE or only.opcode in REDUCTIONS) and only in root
+            only.opcode in fusible and only in root
         root[instr] = root[only] if fused else instr
     own: dict[Instruction, float] = {}
     for instr in comp.instructions:
         if instr not in costs or instr.opcode in CONTRACTIONS:
             continue
+        if instr in again:
+            own[instr] = 0.0
+            continue
         cost = costs[instr]
         operand_bytes = [op.shape.byte_size for op in instr.operands]
-        outside = sum(b for op, b in zip(instr.operands, operand_bytes)
-                      if root.get(op) is not root[instr])
+        outside = sum(_made_from(op) if op in again else b
+                      for op, b in zip(instr.operands, operand_bytes)
+                      if op in again or root.get(op) is not root[instr])
         total = sum(operand_bytes)
         read = cost.bytes_read * (outside / total if total else 1.0)
         own[instr] = read + (cost.bytes_written if root[instr] is instr else 0.0)
@@ -54,3 +65,11 @@ def kernel_shares(comp: Computation, costs: CostTable) -> dict[Instruction, Kern
     return {instr: KernelShare(b, kernel[root[instr]],
                                "reduce" if root[instr].opcode in REDUCTIONS else "elementwise")
             for instr, b in own.items()}
+
+
+def _made_from(x: Instruction) -> float:
+    """Bytes a kernel reads to make generator `x` again: a literal's own, a broadcast's
+    operand, nothing for an iota."""
+    if x.opcode == "constant":
+        return x.shape.byte_size
+    return sum(op.shape.byte_size for op in x.operands)

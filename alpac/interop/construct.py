@@ -10,6 +10,7 @@ runs as one stage with B = 1, and the assignment says why.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -93,7 +94,9 @@ def construct_stages(module, split, costs, cluster, budget: float, options: Stag
     if options.strategy and not options.strategy.startswith("megatron"):
         rule(options.strategy, None, ())  # says what is expected
     if options.mesh:
-        return StageAssignment((whole(_mesh(options.mesh, cluster)),))
+        mesh = _mesh(options.mesh, cluster)
+        cut = cluster.cut(mesh.num_devices)
+        return StageAssignment((whole(mesh),), runs_on=None if cut is cluster else cut)
     reason = None if split is None else split.refusal
     if split is None or reason is not None or not split.backward:
         return StageAssignment((whole(_mesh("", cluster)),),
@@ -101,8 +104,63 @@ def construct_stages(module, split, costs, cluster, budget: float, options: Stag
     if sum(is_heavy(x) for x in layer_anchored(split)) < 2:
         return StageAssignment((whole(_mesh("", cluster)),),
                                pipelining_refused=looped_layers(module))
-    return _Pipeliner(module, split, costs, cluster, budget, options, progress,
-                      {} if stats is None else stats).run()
+    stats = {} if stats is None else stats
+    searched = options.strategy or options.stages or options.stage_meshes
+    if searched or not _shares_compute(cluster):
+        assignment = _Pipeliner(module, split, costs, cluster, budget, options, progress,
+                                stats).run()
+    else:
+        assignment = _fewer_devices(module, split, costs, cluster, budget, options, progress,
+                                    stats)
+    return _whole_if_one(assignment, whole)
+
+
+def _whole_if_one(assignment: StageAssignment, whole) -> StageAssignment:
+    """A pipeline of one stage and one microbatch that recomputes nothing is the whole step
+    on that stage's mesh: one module per step (the `--mesh` plan of that mesh) instead of a
+    forward, a backward and an update module with accumulators between them, which alpa-run
+    runs 1.3-2.8x slower on small steps (`benchmarks/results/fidelity.md`)."""
+    if len(assignment.stages) != 1 or assignment.micro_batches != 1 or assignment.strategy:
+        return assignment
+    stage = assignment.stages[0]
+    if any(mode != Remat.NONE for mode in stage.pipeline_stage.remat.values()):
+        return assignment  # the recomputation is what makes it fit
+    return StageAssignment((whole(stage.mesh),), runs_on=assignment.runs_on)
+
+
+def _shares_compute(cluster) -> bool:
+    """Whether a device of the cluster works at least twice as fast alone (its calibration's
+    concurrency table): virtual CPU devices share a host's cores, GPUs do not."""
+    calibration = cluster.calibration
+    return calibration is not None and calibration.compute_share(1) <= 0.5
+
+
+def _fewer_devices(module, split, costs, cluster, budget, options, progress, stats):
+    """The automatic plan where devices share a host: Alpa's stage DP covers every device,
+    but with fewer working each is faster, and a small model runs fastest on a few. The DP
+    runs on the cluster cut to 1, 2, 4, ... devices and to all of them; the least objective
+    wins (ties: more devices)."""
+    best = None
+    tried = {}
+    counts = sorted({d for d in (2 ** i for i in range(cluster.num_devices.bit_length()))
+                     if cluster.cut(d) is not None} | {cluster.num_devices}, reverse=True)
+    for devices in counts:
+        cut, figures = cluster.cut(devices), {}
+        try:
+            assignment = _Pipeliner(module, split, costs, cut, budget, options, progress,
+                                    figures).run()
+        except UserError:
+            if devices == cluster.num_devices:
+                raise
+            continue  # does not fit on so few
+        tried[devices] = assignment.summary["objective_s"]
+        if best is None or tried[devices] < best[0].summary["objective_s"]:
+            best = (assignment, figures)
+    assignment, figures = best
+    stats.update(figures, devices_tried=tried)
+    devices = sum(s.mesh.num_devices for s in assignment.stages)
+    return dataclasses.replace(
+        assignment, runs_on=None if devices == cluster.num_devices else cluster.cut(devices))
 
 
 def _mesh(text: str, cluster) -> LogicalMesh:

@@ -37,6 +37,9 @@ class StageAssignment:
     strategy: str | None = None  # a forced strategy (data-parallel, zero2/3, megatron:..)
     microbatching_refused: str | None = None
     pipelining_refused: str | None = None
+    # the plan leaves devices idle: the cluster cut to the ones it uses (`Cluster.cut`), which
+    # the later passes price on (None: every device)
+    runs_on: object | None = None
 
     @property
     def micro_batches(self) -> int:
@@ -50,6 +53,8 @@ class StageAssignment:
             entries["microbatching"] = {"refused": self.microbatching_refused}
         if self.pipelining_refused:
             entries["pipelining"] = {"refused": self.pipelining_refused}
+        if self.runs_on is not None:
+            entries["devices_used"] = self.runs_on.num_devices
         if self.num_micro_batches is not None:
             entries["num_micro_batches"] = self.num_micro_batches
         if self.summary is not None:

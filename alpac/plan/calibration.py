@@ -4,8 +4,8 @@
 Peak FLOP/s and link bandwidth overstate what a program gets: large matmuls run at a fraction
 of peak, small ones are bound by launching them, elementwise work by memory, collectives by a
 size-dependent share of the link. Each table is [size, seconds] rows (size ascending: FLOPs
-for dots, bytes otherwise) of work inside one module execution (launching the module is
-`launch_s`, counted per execution). A size between two rows is interpolated in log-log space
+for dots, devices working at once for `concurrency`, bytes otherwise) of work inside one
+module execution (launching the module is `launch_s`, counted per execution). A size between two rows is interpolated in log-log space
 (a power law between neighbours), a size past the last row costs the last row's throughput
 (seconds grow in proportion), and one below the first row follows the first segment's power
 law, its exponent kept within [0, 1] (never cheaper per byte than larger work, never below
@@ -67,6 +67,18 @@ class Calibration:
     # link kind -> collective kind -> group size -> bytes table
     collectives: dict[str, dict[str, dict[int, Table]]] = field(default_factory=dict)
     send: dict[str, Table] = field(default_factory=dict)  # link kind -> bytes table
+    # devices working at once -> seconds of one device's same dot: where devices share a
+    # host's cores (virtual CPU devices), fewer at once are each faster; the other tables
+    # were measured with every device working (the last row)
+    concurrency: Table | None = None
+
+    def compute_share(self, busy: int) -> float:
+        """What one device's work costs when `busy` devices work at once, against the tables'
+        every-device figures (1 without the table, or with as many devices busy)."""
+        table = self.concurrency
+        if table is None or busy >= table.sizes[-1]:
+            return 1.0
+        return min(1.0, table(busy) / table.seconds[-1])
 
     def dot_seconds(self, flops: float, dtype: str) -> float | None:
         table = self.dot.get(dtype) or self.dot.get("f32")
@@ -99,6 +111,8 @@ class Calibration:
                                   for link, kinds in self.collectives.items()}
         if self.send:
             out["send"] = {link: t.to_rows() for link, t in self.send.items()}
+        if self.concurrency is not None:
+            out["concurrency"] = self.concurrency.to_rows()
         return out
 
 
@@ -106,7 +120,7 @@ def read_calibration(d, fail) -> Calibration:
     """The section as loaded from YAML; `fail(keys, message)` reports a mistake."""
     keys = ("calibration",)
     _mapping(d, keys, ("source",) + SCALARS + ("dot", "elementwise", "reduce", "collectives",
-                                               "send"), fail)
+                                               "send", "concurrency"), fail)
     scalars = [_seconds(d, name, fail) for name in SCALARS]
     dot = {str(t): _table(rows, keys + ("dot", str(t)), fail)
            for t, rows in _mapping(d.get("dot", {}), keys + ("dot",), None, fail).items()}
@@ -124,7 +138,8 @@ def read_calibration(d, fail) -> Calibration:
                                        fail).items()}
     return Calibration(str(d.get("source", "")), *scalars, dot,
                        _optional_table(d, "elementwise", fail),
-                       _optional_table(d, "reduce", fail), collectives, send)
+                       _optional_table(d, "reduce", fail), collectives, send,
+                       _optional_table(d, "concurrency", fail))
 
 
 def _seconds(d: dict, name: str, fail) -> float:

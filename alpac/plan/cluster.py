@@ -13,6 +13,11 @@ A cluster file (YAML) has these keys, all required unless marked optional:
     links:
       intra_node: {bandwidth: 150GB/s, latency: 5us}
       inter_node: {bandwidth: 25Gbit/s, latency: 20us}   # optional when nodes is 1
+    efficiency:                     # optional: the share of each peak programs get, (0, 1]
+      dot: 0.75                     #   matmuls and convolutions, of device.flops
+      memory: 0.85                  #   fused elementwise and reduce kernels, of memory_bandwidth
+      intra_node: 0.8               #   collectives and sends, of that link's bandwidth
+      inter_node: 0.8               #   (each key optional; a missing one is 1: the peak)
     calibration: ...                # optional: measured tables (alpac calibrate;
                                     # alpac/plan/calibration.py)
 
@@ -33,6 +38,7 @@ Without a cluster file alpac plans for the local machine as XLA's virtual CPU de
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
@@ -72,6 +78,19 @@ class DeviceSpec:
 
 
 @dataclass(frozen=True)
+class Efficiency:
+    """What programs get of each datasheet peak (from published measurements, where a file
+    describes hardware nobody here has calibrated): large matmuls run at a fraction of peak
+    FLOP/s, fused kernels at a fraction of the memory bandwidth, collectives at a fraction of
+    the link. 1 is the peak itself."""
+
+    dot: float = 1.0
+    memory: float = 1.0
+    intra_node: float = 1.0
+    inter_node: float = 1.0
+
+
+@dataclass(frozen=True)
 class Cluster:
     name: str
     nodes: int
@@ -80,10 +99,23 @@ class Cluster:
     intra_node: Link
     inter_node: Link
     calibration: Calibration | None = None  # measured tables (`alpac calibrate`), if any
+    efficiency: Efficiency = Efficiency()
 
     @property
     def num_devices(self) -> int:
         return self.nodes * self.devices_per_node
+
+    def cut(self, devices: int) -> Cluster | None:
+        """The first `devices` devices as a cluster of their own (part of the first node, or
+        whole nodes), or None where they are neither: what a plan that leaves the rest idle
+        runs on."""
+        per = self.devices_per_node
+        if devices == self.num_devices:
+            return self
+        if devices < 1 or devices > self.num_devices or (devices > per and devices % per):
+            return None
+        return dataclasses.replace(self, nodes=max(1, devices // per),
+                                   devices_per_node=min(devices, per))
 
     def node_of(self, device_id: int) -> int:
         if not 0 <= device_id < self.num_devices:
@@ -92,6 +124,21 @@ class Cluster:
 
     def link(self, a: int, b: int) -> Link:
         return self.intra_node if self.node_of(a) == self.node_of(b) else self.inter_node
+
+    def effective_link(self, kind: str) -> Link:
+        """The intra_node or inter_node link at the bandwidth programs get."""
+        link = getattr(self, kind)
+        return Link(link.bandwidth * getattr(self.efficiency, kind), link.latency)
+
+    def dot_flops(self, dtype: str) -> float:
+        """FLOP/s a large matmul of `dtype` gets."""
+        return self.peak_flops(dtype) * self.efficiency.dot
+
+    @property
+    def memory_throughput(self) -> float | None:
+        """Bytes/s a fused kernel gets from device memory, if the file gives the bandwidth."""
+        bandwidth = self.device.memory_bandwidth
+        return bandwidth * self.efficiency.memory if bandwidth else None
 
     def peak_flops(self, dtype: str) -> float:
         """Peak FLOP/s for an HLO element type. A type the file does not list borrows the
@@ -121,6 +168,8 @@ class Cluster:
                "device": device,
                "links": {"intra_node": _link_dict(self.intra_node),
                          "inter_node": _link_dict(self.inter_node)}}
+        if self.efficiency != Efficiency():
+            out["efficiency"] = dict(vars(self.efficiency))
         if self.calibration is not None:
             out["calibration"] = self.calibration.to_dict()
         return out
@@ -239,7 +288,8 @@ _FLOPS_TYPES = tuple("f32 bf16 f16 tf32 f8e4m3fn f8e5m2 f64 s8 s32 s4 s16 s64 u8
                      "u2 s2 pred c64 c128 f8e4m3fnuz f8e5m2fnuz f8e4m3b11fnuz f8e4m3 f8e3m4 "
                      "f8e8m0fnu f4e2m1fn".split())
 _TOP = ("name", "nodes", "devices_per_node", "device", "links")
-_OPTIONAL_TOP = ("calibration",)
+_OPTIONAL_TOP = ("efficiency", "calibration")
+_EFFICIENCY_KEYS = ("dot", "memory", "intra_node", "inter_node")
 
 
 class _Reader:
@@ -277,7 +327,17 @@ class _Reader:
             if "calibration" in d else None
         return Cluster(self.string(d["name"], ("name",)), nodes,
                        self.count(d["devices_per_node"], ("devices_per_node",)), device,
-                       intra, inter, calibration)
+                       intra, inter, calibration, self.efficiency(d.get("efficiency", {})))
+
+    def efficiency(self, d: Any) -> Efficiency:
+        self.mapping(d, ("efficiency",), (), _EFFICIENCY_KEYS)
+        shares = {}
+        for key, v in d.items():
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
+                self.fail(("efficiency", key),
+                          f"expected a share of the peak in (0, 1], like 0.8, got {_describe(v)}")
+            shares[key] = float(v)
+        return Efficiency(**shares)
 
     def link(self, d: Any, keys: tuple[str, ...]) -> Link:
         self.mapping(d, keys, ("bandwidth", "latency"))

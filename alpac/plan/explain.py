@@ -41,6 +41,11 @@ def render(plan: dict, plan_dir: Path, console: Console, pattern: str | None,
                   f"{plan['num_micro_batches']} microbatch(es)")
     console.print(f"  estimated iteration {duration(est.get('iteration_time_s', 0))}, peak "
                   f"{si(est.get('peak_memory_bytes', 0))}B per device")
+    if used := plan.get("devices_used"):
+        total = plan["cluster"]["nodes"] * plan["cluster"]["devices_per_node"]
+        console.print(f"  runs on {used} of the cluster's {total} devices, the rest idle: "
+                      f"they share a host, and with fewer working each is faster (the "
+                      f"calibration's concurrency table)")
     for what in ("pipelining", "microbatching"):
         if reason := (plan.get(what) or {}).get("refused"):
             console.print(f"  [bold]{what} refused[/]: {reason}")

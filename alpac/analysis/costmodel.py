@@ -118,8 +118,7 @@ class CostModel:
 
     def send(self, nbytes: float, src_device: int, dst_device: int) -> float:
         """Point-to-point time between two physical devices (cross-mesh transfers)."""
-        where = "intra_node" if self.cluster.node_of(src_device) == \
-            self.cluster.node_of(dst_device) else "inter_node"
+        where = self.cluster.link_kind(src_device, dst_device)
         link = self.cluster.effective_link(where)
         calibration = self.cluster.calibration
         if calibration is not None:

@@ -5,11 +5,11 @@ Peak FLOP/s and link bandwidth overstate what a program gets: large matmuls run 
 of peak, small ones are bound by launching them, elementwise work by memory, collectives by a
 size-dependent share of the link. Each table is [size, seconds] rows (size ascending: FLOPs
 for dots, devices working at once for `concurrency`, bytes otherwise) of work inside one
-module execution (launching the module is `launch_s`, counted per execution). A size between two rows is interpolated in log-log space
-(a power law between neighbours), a size past the last row costs the last row's throughput
-(seconds grow in proportion), and one below the first row follows the first segment's power
-law, its exponent kept within [0, 1] (never cheaper per byte than larger work, never below
-zero).
+module execution (launching the module is `launch_s`, counted per execution). A size between
+two rows is interpolated in log-log space (a power law between neighbours), a size past the
+last row costs the last row's throughput (seconds grow in proportion), and one below the
+first row follows the first segment's power law, its exponent kept within [0, 1] (never
+cheaper per byte than larger work, never below zero).
 """
 
 from __future__ import annotations

@@ -122,8 +122,12 @@ class Cluster:
             raise ValueError(f"device {device_id} out of range 0..{self.num_devices - 1}")
         return device_id // self.devices_per_node
 
+    def link_kind(self, a: int, b: int) -> str:
+        """"intra_node" between devices of one node, else "inter_node"."""
+        return "intra_node" if self.node_of(a) == self.node_of(b) else "inter_node"
+
     def link(self, a: int, b: int) -> Link:
-        return self.intra_node if self.node_of(a) == self.node_of(b) else self.inter_node
+        return getattr(self, self.link_kind(a, b))
 
     def effective_link(self, kind: str) -> Link:
         """The intra_node or inter_node link at the bandwidth programs get."""

@@ -84,7 +84,8 @@ def shown(r: dict) -> dict:
                      f"({r['max_rel_error']:.2g})"}
 
 
-def run_cases(out: Path, cluster: Path, platform: str, mpiexec: str | None) -> None:
+def run_cases(out: Path, cluster: Path, platform: str, mpiexec: str | None,
+              iters: int) -> None:
     """Each case compiled, run by alpa-run --check --report --trace (two ranks share GPU 0),
     and its estimates set beside the run by alpac explain --against."""
     import os
@@ -98,7 +99,7 @@ def run_cases(out: Path, cluster: Path, platform: str, mpiexec: str | None) -> N
         plan = compile_case(alpac, case, cluster, out)
         report = out / f"{case}.report.json"
         done = subprocess.run([*run, str(plan), "--platform", platform, "--check", "--iters",
-                               "6", "--report", str(report), "--trace",
+                               str(iters), "--report", str(report), "--trace",
                                str(out / f"{case}.trace.json"), "--", "np", str(ranks)],
                               env=env, capture_output=True, text=True)
         print("\n".join((done.stdout + done.stderr).splitlines()[-14:]))
@@ -114,9 +115,10 @@ def main() -> None:
     ap.add_argument("--cluster", type=Path, default=CLUSTER, help="the calibrated file")
     ap.add_argument("--platform", default="gpu", help="alpa-run --platform (with --run)")
     ap.add_argument("--mpiexec", help="alpa-run --mpiexec (with --run)")
+    ap.add_argument("--iters", type=int, default=6, help="alpa-run --iters (with --run)")
     args = ap.parse_args()
     if args.run:
-        run_cases(args.run, args.cluster, args.platform, args.mpiexec)
+        run_cases(args.run, args.cluster, args.platform, args.mpiexec, args.iters)
         return
     rows = []
     alpac = [sys.executable, "-m", "alpac.cli"]
@@ -128,8 +130,9 @@ def main() -> None:
                 rows.append(row(case, plan, json.loads(report.read_text())))
     errors = [abs(r["ratio"] - 1) for r in rows]
     busy = [abs(r["busy_ratio"] - 1) for r in rows]
+    iters = len(json.loads(next(REPORTS.glob("*.report.json")).read_text())["iteration_time_s"])
     notes = (f"{len(rows)} plans measured on one NVIDIA H200 (`benchmarks/gpu_check.sh`, "
-             "alpa-run, 6 iterations, the first excluded), priced for "
+             f"alpa-run, {iters} iterations, the first excluded), priced for "
              "`testdata/clusters/h200-calibrated.yaml` by the cost model as it is now. "
              f"|measured/estimate - 1| of the iteration: median {statistics.median(errors):.0%}, "
              f"worst {max(errors):.0%}; of the busiest stage's busy time: median "

@@ -7,7 +7,7 @@
 #      script, without --run, prices the committed reports for the cost model of the day).
 # Usage: benchmarks/gpu_check.sh OUT [WHEELS]   (WHEELS: a folder of wheels to install first,
 # for a machine whose Python lacks alpac's dependencies. ALPAC_PLATFORM=cpu
-# CALIBRATE_OPTIONS=--quick tries it on CPU.)
+# CALIBRATE_OPTIONS=--quick tries it on CPU; ITERS=N runs each plan N iterations, default 6.)
 set -u
 OUT=$(realpath "${1:?usage: gpu_check.sh OUT [WHEELS]}")
 WHEELS=${2:-}
@@ -58,5 +58,5 @@ time timeout 120 $ALPAC calibrate ${MPIEXEC:-} --platform "$PLATFORM" --check "$
 
 echo "== 2. alpa-run --check with the calibrated file"
 PYTHONPATH=benchmarks${PYTHONPATH:+:$PYTHONPATH} timeout 1200 $PY benchmarks/bench_gpu_fidelity.py \
-  --run "$OUT" --cluster "$CLUSTER" --platform "$PLATFORM" ${MPIEXEC:-}
+  --run "$OUT" --cluster "$CLUSTER" --platform "$PLATFORM" --iters "${ITERS:-6}" ${MPIEXEC:-}
 echo "== done"

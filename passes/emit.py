@@ -21,9 +21,7 @@ class EmitPass(Pass):
     provides = (EmittedPlan,)
 
     def run(self, ctx: CompileContext) -> None:
-        calibration = ctx.cluster.calibration
-        emitted = emit_plan(ctx.get(Module), ctx.get(ShardedStages),
-                            calibration.launch_s if calibration else 0.0,
+        emitted = emit_plan(ctx.get(Module), ctx.get(ShardedStages), ctx.cluster,
                             ctx.find(Unrolled))
         ctx.put(emitted)
         ctx.stats["stages"] = list(emitted.solve_seconds)

@@ -209,11 +209,12 @@ class Mover:
                                      dst_rank[leader], mv.tag + 1, mv.what)
                 self.arrived = time.perf_counter()
                 bufs[replica] = _unpack(raw, [shape], dtype)[0]
-        devices = self.meshes[mv.dst_mesh]
         layout = rp.sharding_text() or mv.dst_sharding
-        arrays = [jax.device_put(bufs[j], devices[j]) for j in mine]
-        array = jax.make_array_from_single_device_arrays(
-            tuple(mv.shape), self.sharding(layout, mv.dst_mesh), arrays)
+        # one batched copy onto this rank's devices (a device_put each: ~7x the host time)
+        by_region = {rp.recv_regions[j]: bufs[j] for j in mine}
+        array = jax.make_array_from_callback(
+            tuple(mv.shape), self.sharding(layout, mv.dst_mesh),
+            lambda index: by_region[resharding.region_of(index, mv.shape)])
         if rp.sharding_text() is not None:
             array = self.reshard(array, mv.dst_sharding, mv.dst_mesh, mv.dtype)
         self.seconds += time.perf_counter() - t0

@@ -270,3 +270,53 @@ def test_the_automatic_plan_leaves_devices_idle_where_that_is_faster(tmp_path):
                                 str(tmp_path / "shared")], capture_output=True, text=True)
     assert "runs on 1 of the cluster's 4 devices, the rest idle" in \
         " ".join(explained.stdout.split())
+
+
+def _two_stage_plan(tmp_path, name: str, text: str) -> dict:
+    out = tmp_path / name
+    done = subprocess.run([sys.executable, "-m", "alpac.cli", "compile",
+                           str(MODELS / "mlp_train.hlo"), "--cluster",
+                           str(cluster(tmp_path, text=text)), "-o", str(out), "--layers", "2",
+                           "--stages", "0-0,1-1", "--micro-batches", "4"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return json.loads((out / "plan.json").read_text())
+
+
+def test_a_stage_s_time_includes_receiving_from_the_other_stage(tmp_path):
+    """alpa-run receives between modules on the host: every transfer into a stage is priced
+    as the cluster's send of its bytes (the measured table across nodes) and counted in that
+    stage's time per microbatch or per step, and so in the iteration; a slower table makes
+    the step slower by exactly the transfers' difference."""
+    slow = CLUSTER.replace("[[1024, 8.0e-5], [1048576, 3.0e-3]]",
+                           "[[1024, 8.0e-4], [1048576, 3.0e-2]]")
+    plans = {name: _two_stage_plan(tmp_path, name, text)
+             for name, text in (("fast", CLUSTER), ("slow", slow))}
+    for name, plan in plans.items():
+        table = load_cluster(cluster(tmp_path, text=CLUSTER if name == "fast" else slow)
+                             ).calibration.send["inter_node"]
+        meshes = plan["program"]["meshes"]
+        assert all(m["devices"][0] // 2 != meshes[0]["devices"][0] // 2 for m in meshes[1:])
+        want = {}
+        for t in plan["program"]["transfers"]:
+            per = want.setdefault(t["dst_mesh"], [0.0, 0.0])
+            per[0 if t["scope"] == "microbatch" else 1] += table(t["bytes"])
+        got = {s["index"]: s["estimate"]["receive_s"] for s in plan["stages"]}
+        for mesh, (per_microbatch, per_step) in want.items():
+            assert got[mesh]["per_microbatch"] == pytest.approx(per_microbatch)
+            assert got[mesh]["per_step"] == pytest.approx(per_step)
+        assert all(r["per_microbatch"] > 0 for r in got.values())
+    fast, slow = (plans[k]["estimate"]["iteration_time_s"] for k in ("fast", "slow"))
+    assert slow > fast
+    # the stage DP priced its stages with what crosses each cut too
+    dp_fast, dp_slow = (plans[k]["pipeline"]["stage_times_s"] for k in ("fast", "slow"))
+    assert all(b > a for a, b in zip(dp_fast, dp_slow))
+
+
+def test_adam_s_bias_corrections_are_computed_in_every_stage(tmp_path):
+    """1 - β^t from the step count is a scalar each stage's update computes itself: no stage
+    waits every step for another's update to send it (only program inputs cross once per
+    step)."""
+    plan = _two_stage_plan(tmp_path, "plan", CLUSTER)
+    per_step = [t["value"] for t in plan["program"]["transfers"] if t["scope"] == "step"]
+    assert per_step and all(v.startswith("arg") for v in per_step)

@@ -158,16 +158,17 @@ def _equal_stages(plan: dict, S: int, num_micro_batches: int, kind: str) -> dict
 
 
 def test_simulation_agrees_with_the_formula(run):
-    """With forward and backward splitting a stage's time evenly and no time between meshes,
-    the simulated step takes what the 1F1B formula says where the formula is exact: the
-    compiled plan (its slowest stage last) and stages of equal time (for GPipe too)."""
+    """With forward and backward splitting a stage's time evenly, the simulated step takes
+    what the 1F1B formula says where the formula is exact: the compiled plan (its slowest
+    stage last; receiving from the other stage is in both) and stages of equal time (for
+    GPipe too)."""
     plan = json.loads((run["plan"] / "plan.json").read_text())
     want = plan["estimate"]["iteration_time_s"]
-    assert predict(plan, 0.5, transfers=False).iteration_s == pytest.approx(want, rel=1e-12)
-    assert predict(plan).iteration_s > want  # the transfers between the meshes take time
+    assert predict(plan, 0.5).iteration_s == pytest.approx(want, rel=1e-12)
+    assert all(s["estimate"]["receive_s"]["per_microbatch"] > 0 for s in plan["stages"])
     for kind in ("1f1b", "gpipe"):
         for S in range(1, 5):
             for mb in (1, 2, 4, 7):
                 q = _equal_stages(plan, S, mb, kind)
-                got = predict(q, 0.5, transfers=False).iteration_s
+                got = predict(q, 0.5).iteration_s
                 assert got == pytest.approx(q["estimate"]["iteration_time_s"], rel=1e-12)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from alpac.analysis.costmodel import CostModel
 from alpac.hlo import Module, print_module
 from alpac.interop.pipeline import assemble, role_modules
 from alpac.interop.pricing import pipelined_peak
@@ -30,11 +31,14 @@ class EmittedPlan:
         return self.entries
 
 
-def emit_plan(source: Module, sharded: ShardedStages, launch: float = 0.0,
+def emit_plan(source: Module, sharded: ShardedStages, cluster=None,
               unrolled: Unrolled | None = None) -> EmittedPlan:
-    """`launch`: seconds to launch one module execution (a calibrated cluster's), counted
-    once per module run; `unrolled`: the layer loops unrolled before planning (the program's
-    inputs and outputs are then pieces of the module before)."""
+    """`cluster`: prices the module launches (a calibrated cluster's, once per module run)
+    and the transfers between meshes; `unrolled`: the layer loops unrolled before planning
+    (the program's inputs and outputs are then pieces of the module before)."""
+    cluster = sharded.assignment.runs_on or cluster
+    calibration = cluster.calibration if cluster is not None else None
+    launch = calibration.launch_s if calibration is not None else 0.0
     files: dict[str, str] = {}
     stages = [_stage_entry(s, files) for s in sharded.stages]
     entries = {"num_micro_batches": sharded.assignment.micro_batches, "stages": stages}
@@ -52,7 +56,7 @@ def emit_plan(source: Module, sharded: ShardedStages, launch: float = 0.0,
             "peak_memory_bytes": max(e["estimate"]["peak_memory_bytes"] for e in stages),
         }
     else:
-        entries.update(_pipelined(source, sharded, stages, files, launch, unrolled))
+        entries.update(_pipelined(source, sharded, stages, files, launch, unrolled, cluster))
     solves = tuple({"index": s.stage.index, "ilp_solve_time_s": s.sharding.solution.solve_time}
                    for s in sharded.stages)
     return EmittedPlan(files, entries, solves)
@@ -105,6 +109,24 @@ def _loop_iterations(program: Program, entries: list[dict]) -> None:
         entry["loop_iterations"] = sorted(rows)
 
 
+def _receive_seconds(program: Program, meshes: list, cluster
+                     ) -> dict[int, tuple[float, float]]:
+    """Mesh -> seconds its ranks spend per microbatch and per step receiving values from
+    other meshes. alpa-run receives on the host, between the destination's modules (wait for
+    the message, put it on the devices), so a stage's time includes them; each transfer is
+    priced as the cluster's send of its bytes from the source mesh's first device to the
+    destination's (a calibrated file's measured table)."""
+    if cluster is None or not program.transfers:
+        return {}
+    out: dict[int, list[float]] = {}
+    for t in program.transfers:
+        seconds = CostModel(cluster, meshes[t.dst_mesh]).send(t.bytes, program.meshes[t.src_mesh].devices[0],
+                             program.meshes[t.dst_mesh].devices[0])
+        per = out.setdefault(t.dst_mesh, [0.0, 0.0])
+        per[0 if t.scope == "microbatch" else 1] += seconds
+    return {mesh: (mb, step) for mesh, (mb, step) in out.items()}
+
+
 def _remat_entry(stage) -> dict[str, str]:
     """Layer -> how its backward recomputes: the stage's choice, or `program` where the
     program recomputes itself (alpac then adds nothing)."""
@@ -114,7 +136,8 @@ def _remat_entry(stage) -> dict[str, str]:
 
 
 def _pipelined(source: Module, sharded: ShardedStages, entries: list[dict],
-               files: dict[str, str], launch: float, unrolled: Unrolled | None) -> dict:
+               files: dict[str, str], launch: float, unrolled: Unrolled | None,
+               cluster) -> dict:
     """Role modules of every stage, the program, and the pipeline's estimates."""
     graph, modules = sharded.assignment.pipeline
     B = sharded.assignment.micro_batches
@@ -130,13 +153,16 @@ def _pipelined(source: Module, sharded: ShardedStages, entries: list[dict],
     program.layout = unrolled.layout() if unrolled else None
     _loop_iterations(program, entries)
     S = len(sharded.stages)
+    receives = _receive_seconds(program, [s.stage.mesh for s in sharded.stages], cluster)
     times, applies, peaks = [], [], []
     for s, (done, entry) in enumerate(zip(sharded.stages, entries)):
         figures, in_flight, peak = pipelined_peak(done.stage.pipeline_stage, done.sharding,
                                                   S, s, B)
-        figures = figures.with_launches(launch)
+        figures = figures.with_launches(launch).with_receives(*receives.get(s, (0.0, 0.0)))
         entry["estimate"].update({
             "time_per_microbatch_s": figures.t, "apply_s": figures.apply,
+            "receive_s": dict(zip(("per_microbatch", "per_step"),
+                                  receives.get(s, (0.0, 0.0)))),
             "static_bytes": figures.static_bytes,
             "transient_bytes": figures.transient_bytes,
             "activation_bytes_per_microbatch": figures.activation_bytes,

@@ -242,9 +242,10 @@ def assign_stages(graph: StepGraph, stage_of_layer: list[int]
             for o in x.operands:
                 if graph.role.get(o.name) == Role.APPLY:
                     demand[o.name] = min(demand.get(o.name, demand[x.name]), demand[x.name])
+    local = _step_scalars(graph)
     for x in entry.instructions:
         if graph.role.get(x.name) == Role.APPLY and x.name in demand and \
-                x.opcode not in _MADE_LOCALLY:
+                x.opcode not in _MADE_LOCALLY and x.name not in local:
             placed[x.name] = demand[x.name]
     _check_order(entry, graph, placed)
 
@@ -264,6 +265,22 @@ def assign_stages(graph: StepGraph, stage_of_layer: list[int]
         if node.name not in where and node.opcode != "parameter":
             need(node, 0)
     return where, set(placed)
+
+
+def _step_scalars(graph: StepGraph) -> set[str]:
+    """Update nodes that compute a scalar from scalar inputs of the step alone (Adam's bias
+    corrections 1 - β^t from the step count): every stage whose update needs one computes it,
+    rather than wait for the stage that would, and receive it, every step."""
+    out: set[str] = set()
+    for x in graph.module.entry.instructions:
+        if graph.role.get(x.name) != Role.APPLY or x.shape.is_tuple or x.shape.dims:
+            continue
+        if all(o.name in out or o.opcode in _MADE_LOCALLY or (
+                o.opcode == "parameter" and not o.shape.is_tuple and not o.shape.dims
+                and graph.param_values[o.name][1] == "step")
+               for o in x.operands):
+            out.add(x.name)
+    return out
 
 
 def _split_accumulations(graph: StepGraph, placed: dict[str, int]) -> None:

@@ -98,6 +98,13 @@ class LayerCost:
         return LayerCost(self.t + 2 * launch, self.apply + launch, self.static_bytes,
                          self.activation_bytes, self.transient_bytes)
 
+    def with_receives(self, per_microbatch: float, per_step: float) -> "LayerCost":
+        """The stage's cost with what it receives from other stages (emit's
+        `_receive_seconds`): per microbatch beside its forward and backward, per step beside
+        its update."""
+        return LayerCost(self.t + per_microbatch, self.apply + per_step, self.static_bytes,
+                         self.activation_bytes, self.transient_bytes)
+
     def __add__(self, other: "LayerCost") -> "LayerCost":
         return LayerCost(self.t + other.t, self.apply + other.apply,
                          self.static_bytes + other.static_bytes,

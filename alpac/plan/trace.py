@@ -9,9 +9,10 @@ or stages (predicted); events of one track never overlap.
 
 The prediction: every stage runs its tasks in the order of `schedule.stage_tasks`; a task
 starts when the stage's previous task is done and its inputs are ready (a forward needs the
-previous stage's forward of the microbatch and the transfer of its activations, a backward the
-next stage's backward and the transfer of its gradients). The updates run once the pipeline
-has drained, as the plan's formula (`schedule.step_seconds`) prices them.
+previous stage's forward of the microbatch, a backward the next stage's backward); receiving
+the values from the other stage is part of a task's time, as alpa-run receives on the host
+between modules (plan.json's `receive_s`). The updates run once the pipeline has drained, as
+the plan's formula (`schedule.step_seconds`) prices them.
 """
 
 from __future__ import annotations
@@ -105,11 +106,14 @@ def module_estimates(plan: dict, forward_share: float = FORWARD_SHARE) -> dict[s
     for m in plan.get("program", {}).get("modules", []):
         est = by_stage.get(m["stage"], {})
         t = est.get("time_per_microbatch_s")
+        received = _received(est)
         if t is not None and m["role"] in (Role.FORWARD, Role.BACKWARD):
+            t -= received[0]
             seconds = t * share if m["role"] == Role.FORWARD else t * (1 - share)
         else:
             step = est.get("time_s")
-            seconds = {Role.APPLY: est.get("apply_s"),
+            apply = est.get("apply_s")
+            seconds = {Role.APPLY: None if apply is None else apply - received[1],
                        Role.STEP: None if step is None else step + launch_seconds(plan)}.get(
                 m["role"])
         if seconds is not None:
@@ -123,18 +127,26 @@ def launch_seconds(plan: dict) -> float:
     return (plan["cluster"].get("calibration") or {}).get("launch_s", 0.0)
 
 
+def _received(est: dict) -> tuple[float, float]:
+    """Seconds a stage's estimate counts for receiving from other stages, per microbatch and
+    per step (in its time, not in its modules')."""
+    r = est.get("receive_s") or {}
+    return r.get("per_microbatch", 0.0), r.get("per_step", 0.0)
+
+
 def stage_busy_estimate(plan: dict, stage: dict) -> float:
-    """Seconds a stage computes per iteration: every microbatch and its update."""
+    """Seconds a stage's modules compute per iteration: every microbatch and its update."""
     est = stage["estimate"]
     if "time_per_microbatch_s" not in est:
         return est["time_s"] + launch_seconds(plan)
-    return plan["num_micro_batches"] * est["time_per_microbatch_s"] + est.get("apply_s", 0.0)
+    per_microbatch, per_step = _received(est)
+    return plan["num_micro_batches"] * (est["time_per_microbatch_s"] - per_microbatch) + \
+        est.get("apply_s", 0.0) - per_step
 
 
-def predict(plan: dict, forward_share: float = FORWARD_SHARE,
-            transfers: bool = True) -> Prediction:
-    """The plan's schedule in time; `transfers=False` leaves out the time between meshes (the
-    plan's formula does)."""
+def predict(plan: dict, forward_share: float = FORWARD_SHARE) -> Prediction:
+    """The plan's schedule in time (a stage's receives from other stages are in its tasks'
+    times, as alpa-run receives on the host between modules)."""
     meshes = _stage_meshes(plan)
     devices = {s["index"]: s["mesh"]["devices"] for s in plan["stages"]}
     tracks = {i: f"stage {i} (mesh {meshes[i]}: devices {_devices(devices[i])})"
@@ -146,8 +158,7 @@ def predict(plan: dict, forward_share: float = FORWARD_SHARE,
             spans.append(Span(s["index"], "step", Role.STEP, t, end, {"stage": s["index"]}))
             t = spans[-1].end
         return Prediction(tracks, spans, t)
-    hops = _hop_seconds(plan, meshes) if transfers else {}
-    spans = _pipeline_spans(plan, forward_share, hops)
+    spans = _pipeline_spans(plan, forward_share)
     drained = max((s.end for s in spans), default=0.0)
     for s in plan["stages"]:
         apply = s["estimate"].get("apply_s", 0.0)
@@ -167,7 +178,7 @@ def _has_backward(plan: dict) -> bool:
     return any(m["role"] == Role.BACKWARD for m in plan.get("program", {}).get("modules", []))
 
 
-def _pipeline_spans(plan: dict, forward_share: float, hops: dict) -> list[Span]:
+def _pipeline_spans(plan: dict, forward_share: float) -> list[Span]:
     """Each stage's tasks in schedule order, each once the stage is free and its inputs are."""
     stages = sorted(plan["stages"], key=lambda s: s["index"])
     S, B = len(stages), plan["num_micro_batches"]
@@ -183,7 +194,7 @@ def _pipeline_spans(plan: dict, forward_share: float, hops: dict) -> list[Span]:
         for i in range(S):
             while pos[i] < len(order[i]):
                 role, m = order[i][pos[i]]
-                ready = _ready_at(i, role, m, S, done, hops)
+                ready = _ready_at(i, role, m, S, done)
                 if ready is None:
                     break
                 start = max(free[i], ready)
@@ -197,43 +208,17 @@ def _pipeline_spans(plan: dict, forward_share: float, hops: dict) -> list[Span]:
     return spans
 
 
-def _ready_at(i: int, role: str, m: int, S: int, done: dict, hops: dict) -> float | None:
+def _ready_at(i: int, role: str, m: int, S: int, done: dict) -> float | None:
     """When task (role, m) of stage i has its inputs (None: not yet known)."""
     if role == Role.FORWARD:
-        needs = [] if i == 0 else [(i - 1, Role.FORWARD, m, i - 1, i)]
+        needs = [] if i == 0 else [(i - 1, Role.FORWARD, m)]
     else:
-        needs = [(i, Role.FORWARD, m, i, i)]
+        needs = [(i, Role.FORWARD, m)]
         if i < S - 1:
-            needs.append((i + 1, Role.BACKWARD, m, i + 1, i))
-    times = []
-    for j, r, mb, src, dst in needs:
-        if (j, r, mb) not in done:
-            return None
-        times.append(done[(j, r, mb)] + hops.get((src, dst), 0.0))
-    return max(times, default=0.0)
-
-
-def _hop_seconds(plan: dict, meshes: dict[int, int]) -> dict[tuple[int, int], float]:
-    """(source stage, destination stage) -> seconds to move one microbatch's values: per value
-    the link's latency plus bytes over its bandwidth (the cluster's figures in plan.json)."""
-    cluster = plan.get("cluster", {})
-    links = cluster.get("links", {})
-    per_node = cluster.get("devices_per_node") or 1
-    program = plan.get("program", {})
-    mesh_devices = [m["devices"] for m in program.get("meshes", [])]
-    stage_of = {mesh: stage for stage, mesh in meshes.items()}
-    out: dict[tuple[int, int], float] = {}
-    for t in program.get("transfers", []):
-        src, dst = stage_of.get(t["src_mesh"]), stage_of.get(t["dst_mesh"])
-        if t.get("scope") != "microbatch" or src is None or dst is None:
-            continue
-        nodes = {d // per_node for mesh in (t["src_mesh"], t["dst_mesh"])
-                 for d in mesh_devices[mesh]}
-        link = links.get("intra_node" if len(nodes) == 1 else "inter_node", {})
-        bandwidth = link.get("bandwidth") or float("inf")
-        out[(src, dst)] = out.get((src, dst), 0.0) + link.get("latency", 0.0) \
-            + t["bytes"] / bandwidth
-    return out
+            needs.append((i + 1, Role.BACKWARD, m))
+    if any(n not in done for n in needs):
+        return None
+    return max((done[n] for n in needs), default=0.0)
 
 
 def _devices(devices: list[int]) -> str:

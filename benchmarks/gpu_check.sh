@@ -7,7 +7,8 @@
 #      script, without --run, prices the committed reports for the cost model of the day).
 # Usage: benchmarks/gpu_check.sh OUT [WHEELS]   (WHEELS: a folder of wheels to install first,
 # for a machine whose Python lacks alpac's dependencies. ALPAC_PLATFORM=cpu
-# CALIBRATE_OPTIONS=--quick tries it on CPU; ITERS=N runs each plan N iterations, default 6.)
+# CALIBRATE_OPTIONS=--quick tries it on CPU; ITERS=N runs each plan N iterations, default 6;
+# CALIBRATED=FILE skips step 1 and compiles for that file.)
 set -u
 OUT=$(realpath "${1:?usage: gpu_check.sh OUT [WHEELS]}")
 WHEELS=${2:-}
@@ -49,12 +50,17 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null
 $PY -c "import jax, jaxlib, sys; print(sys.version.split()[0], 'jax', jax.__version__,
 'jaxlib', jaxlib.__version__, jax.devices())"
 
-echo "== 1. calibrate"
-CLUSTER=$OUT/gpu-calibrated.yaml
-time timeout 300 $ALPAC calibrate ${MPIEXEC:-} ${CALIBRATE_OPTIONS:-} --platform "$PLATFORM" -o "$CLUSTER" \
-  -- np 1
-if [ ! -f "$CLUSTER" ]; then echo "calibration failed: nothing else runs"; exit 1; fi
-time timeout 120 $ALPAC calibrate ${MPIEXEC:-} --platform "$PLATFORM" --check "$CLUSTER" -- np 1
+if [ -n "${CALIBRATED:-}" ]; then
+  CLUSTER=$(realpath "$CALIBRATED")
+  echo "== 1. calibrate: skipped, $CLUSTER"
+else
+  echo "== 1. calibrate"
+  CLUSTER=$OUT/gpu-calibrated.yaml
+  time timeout 300 $ALPAC calibrate ${MPIEXEC:-} ${CALIBRATE_OPTIONS:-} --platform "$PLATFORM" \
+    -o "$CLUSTER" -- np 1
+  if [ ! -f "$CLUSTER" ]; then echo "calibration failed: nothing else runs"; exit 1; fi
+  time timeout 120 $ALPAC calibrate ${MPIEXEC:-} --platform "$PLATFORM" --check "$CLUSTER" -- np 1
+fi
 
 echo "== 2. alpa-run --check with the calibrated file"
 PYTHONPATH=benchmarks${PYTHONPATH:+:$PYTHONPATH} timeout 1200 $PY benchmarks/bench_gpu_fidelity.py \

@@ -120,8 +120,8 @@ def _receive_seconds(program: Program, meshes: list, cluster
         return {}
     out: dict[int, list[float]] = {}
     for t in program.transfers:
-        seconds = CostModel(cluster, meshes[t.dst_mesh]).send(t.bytes, program.meshes[t.src_mesh].devices[0],
-                             program.meshes[t.dst_mesh].devices[0])
+        src, dst = (program.meshes[m].devices[0] for m in (t.src_mesh, t.dst_mesh))
+        seconds = CostModel(cluster, meshes[t.dst_mesh]).send(t.bytes, src, dst)
         per = out.setdefault(t.dst_mesh, [0.0, 0.0])
         per[0 if t.scope == "microbatch" else 1] += seconds
     return {mesh: (mb, step) for mesh, (mb, step) in out.items()}

@@ -286,8 +286,7 @@ def _two_stage_plan(tmp_path, name: str, text: str) -> dict:
 def test_a_stage_s_time_includes_receiving_from_the_other_stage(tmp_path):
     """alpa-run receives between modules on the host: every transfer into a stage is priced
     as the cluster's send of its bytes (the measured table across nodes) and counted in that
-    stage's time per microbatch or per step, and so in the iteration; a slower table makes
-    the step slower by exactly the transfers' difference."""
+    stage's time per microbatch or per step, and so in the iteration."""
     slow = CLUSTER.replace("[[1024, 8.0e-5], [1048576, 3.0e-3]]",
                            "[[1024, 8.0e-4], [1048576, 3.0e-2]]")
     plans = {name: _two_stage_plan(tmp_path, name, text)
@@ -308,9 +307,6 @@ def test_a_stage_s_time_includes_receiving_from_the_other_stage(tmp_path):
         assert all(r["per_microbatch"] > 0 for r in got.values())
     fast, slow = (plans[k]["estimate"]["iteration_time_s"] for k in ("fast", "slow"))
     assert slow > fast
-    # the stage DP priced its stages with what crosses each cut too
-    dp_fast, dp_slow = (plans[k]["pipeline"]["stage_times_s"] for k in ("fast", "slow"))
-    assert all(b > a for a, b in zip(dp_fast, dp_slow))
 
 
 def test_adam_s_bias_corrections_are_computed_in_every_stage(tmp_path):

@@ -206,10 +206,7 @@ CASES = [
     Case("reduce-scatter", TRAIN, upto("reduce-scatter"), plan_entries),
     Case("reduce-scatter-zero3", TRAIN, upto("reduce-scatter"), plan_entries,
          flags=("--zero", "3")),
-    # two stages forced: on this tiny step the automatic plan is one stage (sends between
-    # stages cost more than the microsecond a layer computes)
-    Case("emit", TRAIN, upto("emit"), emitted,
-         flags=("--stages", "0-0,1-1", "--micro-batches", "16")),
+    Case("emit", TRAIN, upto("emit"), emitted),
 ]
 
 

@@ -15,7 +15,6 @@ import time
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from alpac.analysis.costmodel import CostModel
 from alpac.analysis.layerloops import find_layer_loops
 from alpac.errors import UserError
 from alpac.hlo.opcodes import CONTRACTIONS
@@ -25,7 +24,7 @@ from alpac.interop.pricing import LayerModules, LayerTask, solve_all
 from alpac.interop.remat import REMAT_MODES, Remat
 from alpac.interop.stage import Stage, StageAssignment
 from alpac.interop.stage_dp import NoFeasiblePlan, StagePlan, stage_dp
-from alpac.interop.stage_prices import Boundaries, StageConfig, StagePrices, remat_variants
+from alpac.interop.stage_prices import StageConfig, StagePrices, remat_variants
 from alpac.interop.submesh import grid_shape, logical_shapes, submesh_shapes
 from alpac.intraop.rules import parse_megatron, roles_of_stage, roles_of_step, rule, update_rule
 from alpac.plan.mesh import LogicalMesh
@@ -162,14 +161,6 @@ def _fewer_devices(module, split, costs, cluster, budget, options, progress, sta
     devices = sum(s.mesh.num_devices for s in assignment.stages)
     return dataclasses.replace(
         assignment, runs_on=None if devices == cluster.num_devices else cluster.cut(devices))
-
-
-def _stage_to_stage(cluster):
-    """Seconds to send n bytes between two stages, before their places are known: across
-    nodes where the cluster has several (stages on their own nodes), else inside one."""
-    far = cluster.devices_per_node if cluster.nodes > 1 else min(1, cluster.num_devices - 1)
-    model = CostModel(cluster, LogicalMesh((1,), (0,)))
-    return lambda n: model.send(n, 0, far)
 
 
 def _mesh(text: str, cluster) -> LogicalMesh:
@@ -443,9 +434,7 @@ class _Pipeliner:
                               for cs in self.configs]
         self.prices = StagePrices(self.hashes, self.solved, self.again, self.reference,
                                   self.second, self.budget, self.launch,
-                                  [a * b for a, b in self.submeshes], self.cluster.num_devices,
-                                  Boundaries(self.layers.graph, n, self.reference,
-                                             _stage_to_stage(self.cluster)))
+                                  [a * b for a, b in self.submeshes], self.cluster.num_devices)
         meshes = self.pinned_meshes
 
         def stage_cost(first, last, m, k, B):

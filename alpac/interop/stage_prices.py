@@ -14,7 +14,6 @@ from typing import NamedTuple
 
 import numpy as np
 
-from alpac.interop.pipeline import PER_MICROBATCH, StepGraph
 from alpac.interop.pricing import LayerCost, RangeCosts
 from alpac.interop.remat import REMAT_MODES, Remat, RematMenu
 from alpac.interop.stage_dp import StageCost
@@ -41,51 +40,13 @@ def remat_variants(text: str, max_in_flight: int) -> tuple[Remat | int, ...]:
     return (Remat.NONE, *targets)
 
 
-class Boundaries:
-    """What a stage receives per microbatch from the stages around it, for the stage DP: the
-    values of one layer that a layer on the other side of a cut reads (activations forward,
-    gradients back), each priced as one send of its bytes at B microbatches (the reference
-    count's bytes scaled by reference / B). Emit prices the plan's own transfers."""
-
-    def __init__(self, graph: StepGraph, num_layers: int, reference: int, send):
-        self.reference, self.send = reference, send
-        # per cut k (between layers k-1 and k): bytes the stage from k receives from before
-        # it, and bytes the stage up to k-1 receives from after it
-        self.forward: list[list[int]] = [[] for _ in range(num_layers + 1)]
-        self.backward: list[list[int]] = [[] for _ in range(num_layers + 1)]
-        layer = graph.layer_of
-        users = graph.module.entry.users()
-        for x in graph.module.entry.instructions:
-            a = layer.get(x.name)
-            if a is None or graph.role.get(x.name) not in PER_MICROBATCH:
-                continue
-            readers = {layer[u.name] for u in users[x] if layer.get(u.name, a) != a}
-            for b in range(min(readers, default=a), a):  # cuts b+1..a, read back
-                self.backward[b + 1].append(x.shape.byte_size)
-            for k in range(a + 1, max(readers, default=a) + 1):
-                self.forward[k].append(x.shape.byte_size)
-        self.memo: dict[tuple[int, int, int], float] = {}
-
-    def __call__(self, first: int, last: int, B: int) -> float:
-        """Seconds per microbatch the stage of layers first..last spends receiving."""
-        key = (first, last, B)
-        if key not in self.memo:
-            scale = self.reference / B
-            sizes = (self.forward[first] if first > 0 else []) + \
-                (self.backward[last + 1] if last + 1 < len(self.backward) - 1 else [])
-            self.memo[key] = sum(self.send(n * scale) for n in sizes)
-        return self.memo[key]
-
-
 class StagePrices:
     """Stage costs for the DP from per-layer figures (`solved`/`again`: layer key -> figures
     per Remat at the reference and second microbatch counts)."""
 
     def __init__(self, hashes, solved, again, reference: int, second: int, budget: float,
-                 launch: float, submesh_sizes: list[int], num_devices: int,
-                 receive: Boundaries | None = None):
+                 launch: float, submesh_sizes: list[int], num_devices: int):
         self.hashes, self.solved, self.again = hashes, solved, again
-        self.receive = receive
         # per submesh: 1 + how many stages the other devices can form
         self.stages_from = [1 + (num_devices - size) // min(submesh_sizes)
                             for size in submesh_sizes]
@@ -163,6 +124,5 @@ class StagePrices:
         if priced is None:
             return None
         cost = priced[0]
-        received = self.receive(first, last, B) if self.receive is not None else 0.0
-        return StageCost(cost.t + received, cost.apply, cost.held_bytes,
-                         cost.activation_bytes, self.budget)
+        return StageCost(cost.t, cost.apply, cost.held_bytes, cost.activation_bytes,
+                         self.budget)

@@ -12,11 +12,12 @@ microbatched step exactly as a one-layer stage would be. Its ILP gives:
   activation  bytes per device one microbatch keeps from its forward to its backward
 
 A stage of layers i..j costs the sum over its layers (its temporaries: the largest of
-theirs, one layer runs at a time) plus sending its boundary activation and gradient to the
-next stage. Layers whose share is the same program up to names (the blocks of a
-transformer) are solved once per logical mesh. The ILP runs at two microbatch
-counts; other counts are interpolated as a + b/B (exact while the shardings stay the same:
-per-example work scales with the microbatch, weight-sized work does not).
+theirs, one layer runs at a time). What it receives from the stages beside it is not priced
+here: the emitted plan adds its transfers (emit's `_receive_seconds`). Layers whose share
+is the same program up to names (the blocks of a transformer) are solved once per logical
+mesh. The ILP runs at two microbatch counts; other counts are interpolated as a + b/B
+(exact while the shardings stay the same: per-example work scales with the microbatch,
+weight-sized work does not).
 """
 
 from __future__ import annotations

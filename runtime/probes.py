@@ -195,6 +195,8 @@ class Rank:
         kind = p.table[0]
         if kind == "launch_s":
             return self.launch()
+        if kind == "array_s":
+            return self.arrays()
         if kind in ("flop_s", "transcendental_s"):
             return self.arithmetic(kind)
         if kind == "dot":
@@ -246,6 +248,36 @@ class Rank:
                 execute_unchecked(exe, [x])[0].block_until_ready()
         self.launch_s = self._timed(run)
         return self.launch_s
+
+    def arrays(self, count: int = 64) -> float:
+        """Beyond `launch`, each more array a module execution returns (the host's work per
+        result: its buffer, its jax array, waiting for it; an argument costs next to nothing
+        beside it, ~0.5 µs on this machine), from a module that returns `count` arrays in
+        place of the ones it took (aliased: no kernel runs), against one that returns two."""
+        from alpac.xla.bridge import compile_hlo, execute_unchecked, jax_parameter_shardings
+
+        def module(n: int):
+            shape = f"f32[{len(self.local)}]"
+            params = "\n".join(f"  p{i} = {shape} parameter({i})" for i in range(n))
+            alias = ", ".join(f"{{{i}}}: ({i}, {{}}, must-alias)" for i in range(n))
+            return compile_hlo(f"HloModule arrays{n}, input_output_alias={{ {alias} }}\n"
+                               f"ENTRY e {{\n{params}\n  ROOT t = ({', '.join([shape] * n)}) "
+                               f"tuple({', '.join(f'p{i}' for i in range(n))})\n}}\n",
+                               self.local)
+
+        def timed(n: int) -> float:
+            exe = module(n)
+            held = [self.jax.device_put(np.zeros(len(self.local), np.float32), s)
+                    for s in jax_parameter_shardings(exe)]
+
+            def run(r):
+                nonlocal held
+                for _ in range(r):
+                    held = execute_unchecked(exe, held)
+                    for a in held:
+                        a.block_until_ready()
+            return self._timed(run)
+        return max(timed(count) - timed(2), 0.0) / (count - 2)
 
     def dot(self, dtype: str, m: int, k: int, n: int, devices=None) -> float:
         """[m,k]x[k,n] and back ([m,n]x[n,k]), repeated: two dots of 2mkn FLOPs each, on

@@ -53,6 +53,8 @@ def test_quick_calibration_loads_and_is_complete(calibrated):
     assert cal["launch_s"] > 0 and "2 ranks x 2 devices" in cal["source"]
     # a transcendental costs more than a multiply or an add, and both far less than a launch
     assert 0 < cal["flop_s"] < cal["transcendental_s"] < cal["launch_s"]
+    # a returned array costs the host less than a launch, but not nothing
+    assert 0 < cal["array_s"] < cal["launch_s"]
     found = tables(cal)
     expected = {"dot.f32", "dot.bf16", "elementwise", "reduce", "send.intra_node",
                 "send.inter_node", "concurrency"}
@@ -72,7 +74,7 @@ def test_quick_calibration_loads_and_is_complete(calibrated):
 def test_check_of_a_fresh_calibration_passes(calibrated):
     result = run("calibrate", "--check", calibrated, "--tolerance", "99", "--", "np", "2")
     assert result.returncode == 0, result.stderr + result.stdout
-    assert "calibration check passed: 20 tables within 9900%" in result.stdout
+    assert "calibration check passed: 21 tables within 9900%" in result.stdout
     assert "collectives.inter_node.all-to-all.2" in result.stdout
 
 

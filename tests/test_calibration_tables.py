@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from alpac.analysis.costmodel import CostModel
+from alpac.analysis.costmodel import CostModel, launch_seconds
 from alpac.errors import UserError
 from alpac.plan.calibration import Table
 from alpac.plan.cluster import load_cluster
@@ -74,7 +74,7 @@ def test_the_cost_model_prices_from_the_tables_where_it_has_them(tmp_path):
     assert across.compute(1e6, 1e7, "f32") == pytest.approx(2e-3)
     assert across.send(1024, 0, 2) == pytest.approx(8e-5)
     assert across.send(1024, 0, 1) == pytest.approx(2e-6 + 1024 / 10e9)  # intra: no table
-    assert across.launch_seconds == 1e-4
+    assert launch_seconds(c) == 1e-4
 
 
 @pytest.mark.parametrize("bad, message", [
@@ -103,6 +103,35 @@ def test_the_launch_overhead_is_in_the_estimate(tmp_path):
         iteration.append(plan["estimate"]["iteration_time_s"] - plan["stages"][0]["estimate"]
                          ["time_s"])
     assert iteration == pytest.approx([1e-4, 5e-3])
+
+
+def test_each_array_a_module_returns_is_priced(tmp_path):
+    """alpa-run's host work per result (`array_s`) is in each module's launch:
+    a one-stage plan's once per step, a pipeline stage's per microbatch for its forward and
+    backward modules and per step for its update."""
+    text = CLUSTER.replace("  launch_s: LAUNCH\n", "  launch_s: LAUNCH\n  array_s: 2.0e-5\n")
+    out = tmp_path / "one"
+    done = subprocess.run([sys.executable, "-m", "alpac.cli", "compile",
+                           str(MODELS / "mlp_train.hlo"), "--cluster",
+                           str(cluster(tmp_path, text=text)), "--mesh", "4", "-o", str(out)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    plan = json.loads((out / "plan.json").read_text())
+    (module,) = plan["program"]["modules"]
+    arrays = len(module["outputs"])
+    assert arrays > 10
+    assert plan["estimate"]["iteration_time_s"] - plan["stages"][0]["estimate"]["time_s"] == \
+        pytest.approx(1e-4 + 2e-5 * arrays)
+    plan = _two_stage_plan(tmp_path, "two", text)
+    for stage in plan["stages"]:
+        want = [0.0, 0.0]
+        for m in plan["program"]["modules"]:
+            if m["stage"] == stage["index"]:
+                want[0 if m["role"] in ("forward", "backward") else 1] += \
+                    1e-4 + 2e-5 * len(m["outputs"])
+        got = stage["estimate"]["launch_s"]
+        assert [got["per_microbatch"], got["per_step"]] == pytest.approx(want)
+        assert want[0] > 2e-4 and want[1] > 1e-4
 
 
 FUSED_CHAIN = """\

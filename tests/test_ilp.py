@@ -49,6 +49,11 @@ def test_ilp_equals_brute_force(seed):
     n = int(rng.integers(2, 13))
     g = random_graph(rng, n, budget_fraction=[None, 0.2, 0.5][seed % 3],
                      with_ties=seed % 4 == 0, structured=seed % 2 == 0)
+    assert_solves_as_brute_force(g)
+
+
+def assert_solves_as_brute_force(g: StrategyGraph) -> None:
+    """The ILP's solution fits and costs what exhaustive search finds (infeasible alike)."""
     best, best_value = brute_force(g)
     if best is None:
         with pytest.raises(Infeasible):
@@ -56,6 +61,7 @@ def test_ilp_equals_brute_force(seed):
         return
     sol = solve(g, gap_limit=0.0)
     assert g.feasible(sol.choice)
+    assert g.budget is None or sol.peak_memory <= g.budget * (1 + 1e-9)
     assert sol.objective == pytest.approx(best_value, rel=1e-7, abs=1e-12)
     assert sol.status == "optimal"
 
@@ -84,3 +90,32 @@ def test_impossible_budget_reports_smallest_peak():
     with pytest.raises(Infeasible) as info:
         solve(g)
     assert info.value.min_peak == pytest.approx(45.0)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_ilp_with_a_largest_temporary_equals_brute_force(seed):
+    """A pipeline stage's memory point: what it holds, plus the largest of its temporaries
+    (a variable above each of them in the ILP)."""
+    rng = np.random.default_rng(100 + seed)
+    g = random_graph(rng, int(rng.integers(3, 10)), structured=seed % 2 == 0)
+    sizes = [len(c) for c in g.node_costs]
+    n = len(sizes)
+    held = [(v, rng.uniform(1e6, 1e7, size=sizes[v])) for v in range(0, n, 2)]
+    temporaries = [(float(rng.uniform(0, 2e6)), [(v, rng.uniform(1e6, 2e7, size=sizes[v]))])
+                   for v in range(1, n)]
+    g.memory_points = [MemoryPoint(1e6, held, temporaries)]
+    peaks = sorted(g.peak_memory([int(rng.integers(0, s)) for s in sizes]) for _ in range(64))
+    g.budget = peaks[len(peaks) // 3]
+    assert_solves_as_brute_force(g)
+
+
+def test_smallest_peak_counts_the_largest_temporary():
+    g = StrategyGraph(budget=10.0)
+    a = g.add_node([0.0, 1.0])
+    b = g.add_node([0.0, 1.0])
+    g.memory_points.append(MemoryPoint(5.0, [(a, np.array([100.0, 40.0]))],
+                                       [(0.0, [(b, np.array([30.0, 20.0]))]),
+                                        (25.0, [])]))
+    with pytest.raises(Infeasible) as info:
+        solve(g)
+    assert info.value.min_peak == pytest.approx(5 + 40 + 25)

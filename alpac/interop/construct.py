@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from alpac.analysis.costmodel import launch_seconds
 from alpac.analysis.layerloops import find_layer_loops
 from alpac.errors import UserError
 from alpac.hlo.opcodes import CONTRACTIONS
@@ -266,7 +267,7 @@ class _Pipeliner:
         self.stats, self.seconds, self.clock = stats, {}, time.perf_counter()
         self.forced = None  # (dp, tp, pp) of a forced Megatron strategy
         self.distributed_optimizer = False  # the forced strategy's optimizer state split
-        self.launch = cluster.calibration.launch_s if cluster.calibration else 0.0
+        self.launch = launch_seconds(cluster)
         self.solved, self.chosen, self.again = {}, {}, {}  # (layer hash, m, c) -> ...
 
     def run(self) -> StageAssignment:

@@ -7,14 +7,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from alpac.analysis.costmodel import CostModel
+from alpac.analysis.costmodel import CostModel, launch_seconds
 from alpac.hlo import Module, print_module
 from alpac.interop.pipeline import assemble, role_modules
 from alpac.interop.pricing import pipelined_peak
 from alpac.interop.remat import checkpointed_layers
 from alpac.interop.stage import ShardedStage, ShardedStages
 from alpac.interop.unroll import Unrolled
-from alpac.plan.program import Program, single_stage_program
+from alpac.plan.program import Program, Role, single_stage_program
 from alpac.plan.schedule import bubble_share, step_seconds
 
 
@@ -33,12 +33,11 @@ class EmittedPlan:
 
 def emit_plan(source: Module, sharded: ShardedStages, cluster=None,
               unrolled: Unrolled | None = None) -> EmittedPlan:
-    """`cluster`: prices the module launches (a calibrated cluster's, once per module run)
-    and the transfers between meshes; `unrolled`: the layer loops unrolled before planning
-    (the program's inputs and outputs are then pieces of the module before)."""
+    """`cluster`: prices the module launches (a calibrated cluster's, per module run and per
+    array it returns) and the transfers between meshes; `unrolled`: the layer loops
+    unrolled before planning (the program's inputs and outputs are then pieces of the module
+    before)."""
     cluster = sharded.assignment.runs_on or cluster
-    calibration = cluster.calibration if cluster is not None else None
-    launch = calibration.launch_s if calibration is not None else 0.0
     files: dict[str, str] = {}
     stages = [_stage_entry(s, files) for s in sharded.stages]
     entries = {"num_micro_batches": sharded.assignment.micro_batches, "stages": stages}
@@ -50,13 +49,15 @@ def emit_plan(source: Module, sharded: ShardedStages, cluster=None,
                                        stages[0]["module"])
         program.layout = unrolled.layout() if unrolled else None
         _loop_iterations(program, stages)
+        launch = _launch_seconds(program, cluster).get(0, (0.0, 0.0))[1]
+        stages[0]["estimate"]["launch_s"] = {"per_microbatch": 0.0, "per_step": launch}
         entries["program"] = program.to_dict()
         entries["estimate"] = {
             "iteration_time_s": sum(e["estimate"]["time_s"] for e in stages) + launch,
             "peak_memory_bytes": max(e["estimate"]["peak_memory_bytes"] for e in stages),
         }
     else:
-        entries.update(_pipelined(source, sharded, stages, files, launch, unrolled, cluster))
+        entries.update(_pipelined(source, sharded, stages, files, unrolled, cluster))
     solves = tuple({"index": s.stage.index, "ilp_solve_time_s": s.sharding.solution.solve_time}
                    for s in sharded.stages)
     return EmittedPlan(files, entries, solves)
@@ -127,6 +128,21 @@ def _receive_seconds(program: Program, meshes: list, cluster
     return {mesh: (mb, step) for mesh, (mb, step) in out.items()}
 
 
+def _launch_seconds(program: Program, cluster) -> dict[int, tuple[float, float]]:
+    """Stage -> seconds per microbatch and per step of launching its modules (a calibrated
+    cluster's `launch_seconds`): `launch_s` per execution, and `array_s` per array it returns
+    (the host's work per result; a small GPT's one-stage step returns ~200: its weights and
+    optimizer state)."""
+    if cluster is None or cluster.calibration is None:
+        return {}
+    out: dict[int, list[float]] = {}
+    for m in program.modules:
+        seconds = launch_seconds(cluster, len(m.outputs))
+        per = out.setdefault(m.stage, [0.0, 0.0])
+        per[0 if m.role in (Role.FORWARD, Role.BACKWARD) else 1] += seconds
+    return {stage: (mb, step) for stage, (mb, step) in out.items()}
+
+
 def _remat_entry(stage) -> dict[str, str]:
     """Layer -> how its backward recomputes: the stage's choice, or `program` where the
     program recomputes itself (alpac then adds nothing)."""
@@ -136,8 +152,7 @@ def _remat_entry(stage) -> dict[str, str]:
 
 
 def _pipelined(source: Module, sharded: ShardedStages, entries: list[dict],
-               files: dict[str, str], launch: float, unrolled: Unrolled | None,
-               cluster) -> dict:
+               files: dict[str, str], unrolled: Unrolled | None, cluster) -> dict:
     """Role modules of every stage, the program, and the pipeline's estimates."""
     graph, modules = sharded.assignment.pipeline
     B = sharded.assignment.micro_batches
@@ -154,15 +169,17 @@ def _pipelined(source: Module, sharded: ShardedStages, entries: list[dict],
     _loop_iterations(program, entries)
     S = len(sharded.stages)
     receives = _receive_seconds(program, [s.stage.mesh for s in sharded.stages], cluster)
+    launches = _launch_seconds(program, cluster)
     times, applies, peaks = [], [], []
     for s, (done, entry) in enumerate(zip(sharded.stages, entries)):
         figures, in_flight, peak = pipelined_peak(done.stage.pipeline_stage, done.sharding,
                                                   S, s, B)
-        figures = figures.with_launches(launch).with_receives(*receives.get(s, (0.0, 0.0)))
+        launch, received = launches.get(s, (0.0, 0.0)), receives.get(s, (0.0, 0.0))
+        figures = figures.plus(launch[0] + received[0], launch[1] + received[1])
         entry["estimate"].update({
             "time_per_microbatch_s": figures.t, "apply_s": figures.apply,
-            "receive_s": dict(zip(("per_microbatch", "per_step"),
-                                  receives.get(s, (0.0, 0.0)))),
+            "launch_s": dict(zip(("per_microbatch", "per_step"), launch)),
+            "receive_s": dict(zip(("per_microbatch", "per_step"), received)),
             "static_bytes": figures.static_bytes,
             "transient_bytes": figures.transient_bytes,
             "activation_bytes_per_microbatch": figures.activation_bytes,

@@ -13,10 +13,10 @@ microbatched step exactly as a one-layer stage would be. Its ILP gives:
 
 A stage of layers i..j costs the sum over its layers (its temporaries: the largest of
 theirs, one layer runs at a time). What it receives from the stages beside it is not priced
-here: the emitted plan adds its transfers (emit's `_receive_seconds`). Layers whose share
-is the same program up to names (the blocks of a transformer) are solved once per logical
-mesh. The ILP runs at two microbatch counts; other counts are interpolated as a + b/B
-(exact while the shardings stay the same: per-example work scales with the microbatch,
+here, nor the arrays its modules return: the emitted plan adds them (emit's
+`_receive_seconds` and `_launch_seconds`). Layers whose share is the same program up to
+names (the blocks of a transformer) are solved once per logical mesh. The ILP runs at two
+microbatch counts; other counts are interpolated as a + b/B (exact while the shardings stay the same: per-example work scales with the microbatch,
 weight-sized work does not).
 """
 
@@ -34,6 +34,7 @@ from alpac.hlo.transforms import canonical_hash, canonical_order
 from alpac.interop import pipeline as pl
 from alpac.interop.remat import REMAT_MODES, Remat, remat_split, split_for_backward
 from alpac.intraop.autoshard import auto_shard
+from alpac.intraop.builder import StageMemory
 from alpac.intraop.rules import both, keep_to
 from alpac.plan.mesh import LogicalMesh
 from alpac.plan.program import Role
@@ -91,18 +92,11 @@ class LayerCost:
                          at(c1.activation_bytes, c2.activation_bytes),
                          largest_temporary(c1.transient_bytes, c2.transient_bytes))
 
-    def with_launches(self, launch: float) -> "LayerCost":
-        """The stage's cost with its module launches: a forward and a backward module per
-        microbatch, an update module per step (0 s unless the cluster is calibrated)."""
-        if not launch:
-            return self
-        return LayerCost(self.t + 2 * launch, self.apply + launch, self.static_bytes,
-                         self.activation_bytes, self.transient_bytes)
-
-    def with_receives(self, per_microbatch: float, per_step: float) -> "LayerCost":
-        """The stage's cost with what it receives from other stages (emit's
-        `_receive_seconds`): per microbatch beside its forward and backward, per step beside
-        its update."""
+    def plus(self, per_microbatch: float, per_step: float) -> "LayerCost":
+        """The stage's cost with what its ranks do beside its modules' work, per microbatch
+        beside its forward and backward and per step beside its update: launching the
+        modules (the stage DP: `launch_s` each; the emitted plan adds each module's arrays)
+        and receiving from other stages (emit's `_receive_seconds`)."""
         return LayerCost(self.t + per_microbatch, self.apply + per_step, self.static_bytes,
                          self.activation_bytes, self.transient_bytes)
 
@@ -183,21 +177,33 @@ def stage_figures(stage: "pl.StageModule", result, choice: dict | None = None) -
     seconds = result.seconds_by(lambda name: role.get(name, "shared"))
     per_step = sum(v for k, v in seconds.items()
                    if k in (Role.FORWARD, Role.BACKWARD, "shared"))
-    split = remat_split(stage, choice)
-    if split.again:
+    again = remat_split(stage, choice).again
+    if again:
         per_step += sum(v for k, v in result.seconds_by(lambda name: name).items()
-                        if k in split.again)
-    parameters = result.graph.module.entry.parameters
+                        if k in again)
+    memory = stage_memory(stage, 1, choice)
     per_value = result.bytes_by(lambda name: name)
-    activation = sum(v for k, v in per_value.items() if k in split.kept)
-    # XLA fuses the elementwise chains of the forward, backward and update into loops that
-    # write their results in place, so beyond the parameters and the kept activations a
-    # stage holds about one temporary at a time: the largest value it computes
-    others = {p.name for p in parameters} | split_for_backward(stage, set()).kept
-    transient = max((v for k, v in per_value.items() if k not in others), default=0.0)
-    params = sum(_param_bytes(result, p) for p in parameters
-                 if stage.scope.get(stage.param_values[p.parameter_number]) == "step")
+    activation = sum(v for k, v in per_value.items() if k in memory.kept)
+    transient = max((v for k, v in per_value.items() if k not in memory.not_temporary),
+                    default=0.0)
+    params = sum(_param_bytes(result, p) for p in result.graph.module.entry.parameters
+                 if p.name in memory.held)
     return LayerCost(per_step / B, seconds.get(Role.APPLY, 0.0), params, activation, transient)
+
+
+def stage_memory(stage: "pl.StageModule", in_flight: int, choice: dict | None = None
+                 ) -> StageMemory:
+    """What a stage's peak memory counts (`stage_figures`, and the ILP under a budget): the
+    step-scope parameters (weights, optimizer state, accumulators), the values a microbatch
+    keeps for its backward (fewer where it recomputes), and beside them about one temporary
+    at a time (XLA fuses the elementwise chains into loops that write in place)."""
+    parameters = stage.module.entry.parameters
+    return StageMemory(
+        held=frozenset(p.name for p in parameters
+                       if stage.scope.get(stage.param_values[p.parameter_number]) == "step"),
+        kept=frozenset(remat_split(stage, choice).kept), in_flight=in_flight,
+        not_temporary=frozenset(p.name for p in parameters)
+        | frozenset(split_for_backward(stage, set()).kept))
 
 
 def remat_figures(stage: "pl.StageModule", result) -> dict[Remat, LayerCost]:
@@ -214,6 +220,12 @@ def pipelined_peak(stage: "pl.StageModule", result, num_stages: int, index: int,
     figures = stage_figures(stage, result)
     in_flight = microbatches_in_flight(num_stages, index, num_micro_batches)
     return figures, in_flight, figures.held_bytes + in_flight * figures.activation_bytes
+
+
+def pipelined_memory(stage: "pl.StageModule", num_stages: int, index: int,
+                     num_micro_batches: int) -> StageMemory:
+    """`pipelined_peak`'s count, for the ILP to keep within the budget."""
+    return stage_memory(stage, microbatches_in_flight(num_stages, index, num_micro_batches))
 
 
 def _param_bytes(result, param) -> float:

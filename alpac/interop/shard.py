@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from itertools import combinations
+from typing import NamedTuple
 
 from alpac.errors import UserError
 from alpac.hlo.transforms import canonical_hash, canonical_order
-from alpac.interop.pricing import pipelined_peak
+from alpac.interop.pricing import pipelined_memory, pipelined_peak
 from alpac.interop.stage import ShardedStage, ShardedStages, Stage, StageAssignment
 from alpac.intraop.autoshard import auto_shard
+from alpac.intraop.builder import StageMemory
 from alpac.intraop.ilp import Infeasible
 from alpac.intraop.rules import both, keep_to
 
@@ -52,26 +54,44 @@ def _structure(stage: Stage, cluster) -> tuple:
             stage.weights_stored_split)
 
 
-def peak_of(stage: Stage, num_stages: int, num_micro_batches: int):
-    """How a stage's peak memory is judged: a pipeline stage's as the stage DP priced it
-    (parameters, one temporary, the activations of its microbatches in flight), a whole
-    program's by the ILP's own liveness schedule (None)."""
+class StagePeak(NamedTuple):
+    """How a pipeline stage's peak memory is judged (`pipelined_peak`: parameters, one
+    temporary, the activations of its microbatches in flight), and the same count for its
+    ILP to keep within the budget."""
+
+    stage: object  # alpac.interop.pipeline.StageModule
+    num_stages: int
+    index: int
+    num_micro_batches: int
+
+    def __call__(self, result) -> float:
+        return pipelined_peak(self.stage, result, self.num_stages, self.index,
+                              self.num_micro_batches)[2]
+
+    def memory(self) -> StageMemory:
+        return pipelined_memory(self.stage, self.num_stages, self.index,
+                                self.num_micro_batches)
+
+
+def peak_of(stage: Stage, num_stages: int, num_micro_batches: int) -> StagePeak | None:
+    """A pipeline stage's peak as the stage DP priced it; a whole program's is the ILP's own
+    liveness schedule (None)."""
     if stage.pipeline_stage is None:
         return None
-    return lambda result: pipelined_peak(stage.pipeline_stage, result, num_stages,
-                                         stage.index, num_micro_batches)[2]
+    return StagePeak(stage.pipeline_stage, num_stages, stage.index, num_micro_batches)
 
 
-def judged_peak(peak, result) -> float:
+def judged_peak(peak: StagePeak | None, result) -> float:
     return peak(result) if peak else result.solution.peak_memory
 
 
 def shard_within(module, mesh, cluster, budget: float, time_limit: float, gap: float,
-                 repeats=None, allow=None, peak=None, known: dict | None = None):
+                 repeats=None, allow=None, peak: StagePeak | None = None,
+                 known: dict | None = None):
     """Solve without the memory constraint (its reductions are stronger); only when that plan
-    does not fit (by `peak(result)`, default the ILP's liveness peak), solve again under the
-    budget. `known` holds the solutions (without, with the budget) of a module of the same
-    structure, reused and filled in."""
+    does not fit (by `peak`, default the ILP's liveness peak), solve again with the ILP
+    keeping that count within the budget. `known` holds the solutions (without, with the
+    budget) of a module of the same structure, reused and filled in."""
     known = {} if known is None else known
     result = auto_shard(module, mesh, cluster, time_limit=time_limit, gap_limit=gap,
                         repeats=repeats, allow=allow, reuse=known.get("free"))
@@ -79,11 +99,14 @@ def shard_within(module, mesh, cluster, budget: float, time_limit: float, gap: f
     if judged_peak(peak, result) <= budget:
         result.budget = budget
         return result
+    memory = peak.memory() if peak else None
+    # stages of one structure hold different numbers of microbatches: each its own constraint
+    within = ("budget", memory.in_flight if memory else None)
     try:
         result = auto_shard(module, mesh, cluster, budget=budget, time_limit=time_limit,
                             gap_limit=gap, repeats=repeats, allow=allow,
-                            reuse=known.get("budget"))
-        known.setdefault("budget", result.solution)
+                            reuse=known.get(within), memory=memory)
+        known.setdefault(within, result.solution)
     except Infeasible as e:
         raise UserError(f"the program does not fit in {budget:,.0f} bytes per device on mesh "
                         f"{mesh}: the smallest per-device peak alpac can reach is "

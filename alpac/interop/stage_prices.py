@@ -65,7 +65,8 @@ class StagePrices:
         key = (m, c, mode, B)
         if key not in self.ranges:
             self.ranges[key] = RangeCosts(self.layers(m, c, mode, B))
-        return self.ranges[key](first, last).with_launches(self.launch)
+        # a forward and a backward module per microbatch, an update module per step
+        return self.ranges[key](first, last).plus(2 * self.launch, self.launch)
 
     def priced(self, first: int, last: int, m: int, config: StageConfig, B: int,
                modes: bool = True) -> tuple[LayerCost, dict[int, Remat] | None] | None:

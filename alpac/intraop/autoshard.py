@@ -17,7 +17,8 @@ from alpac.analysis.costmodel import CostModel
 from alpac.analysis.costs import CostTable
 from alpac.hlo import Module
 from alpac.intraop.annotate import write_shardings
-from alpac.intraop.builder import Hint, ShardingGraph, build_graph, collectives_of, strategy_seconds
+from alpac.intraop.builder import Hint, ShardingGraph, StageMemory, build_graph, collectives_of, \
+    strategy_seconds
 from alpac.intraop.collectives import reshard
 from alpac.intraop.ilp import Solution, solve
 from alpac.plan.mesh import LogicalMesh
@@ -124,13 +125,14 @@ def solve_rounds(mesh: LogicalMesh, cluster) -> list[tuple[int, ...]]:
 def auto_shard(module: Module, mesh: LogicalMesh, cluster, *, budget: float | None = None,
                time_limit: float = 60.0, gap_limit: float = 1e-4,
                allow=None, repeats: dict[str, float] | None = None,
-               annotate: bool = True, reuse: Solution | None = None) -> ShardingResult:
+               annotate: bool = True, reuse: Solution | None = None,
+               memory: StageMemory | None = None) -> ShardingResult:
     """Shard a copy of `module` over `mesh`; the input module is left as it is. `allow`
     restricts source strategies (see build_graph); it sees the copy's instructions. Without
     `annotate` the copy keeps no shardings (enough for pricing: the choice is in the
     result). `reuse` is the solution for a module of the same structure (instructions
     matching by position) on a mesh of the same shape and links: taken, not solved again,
-    when the graph is the same size."""
+    when the graph is the same size. `memory` judges the budget as a pipeline stage's."""
     work = module.clone()
     costs = CostTable(work)
     rounds = solve_rounds(mesh, cluster)
@@ -141,7 +143,8 @@ def auto_shard(module: Module, mesh: LogicalMesh, cluster, *, budget: float | No
         for a in axes:
             partial *= mesh.shape[a]
         round_budget = None if budget is None else budget * mesh.num_devices / partial
-        sg = build_graph(work, mesh, cluster, costs, round_budget, axes, hint, allow, repeats)
+        sg = build_graph(work, mesh, cluster, costs, round_budget, axes, hint, allow, repeats,
+                         memory)
         if reuse is not None and len(rounds) == 1 and sg.graph.size == reuse.size_before:
             solution = dataclasses.replace(reuse, objective=sg.graph.objective(reuse.choice),
                                            solve_time=0.0,

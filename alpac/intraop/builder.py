@@ -6,7 +6,9 @@ called, their costs multiplied by the trip count). Sources get an ILP node; foll
 their costs to the node they follow; every operand whose sharding differs from what its user
 needs adds an edge priced as the resharding XLA will do. Values that XLA materialises
 (parameters, outputs, results of dots, reduces, ...) contribute their per-device bytes to the
-memory point of every schedule position where they are live.
+memory point of every schedule position where they are live. A pipeline stage's memory is
+judged otherwise (`StageMemory`): one point of what it holds, its microbatches' activations in
+flight, and its largest temporary.
 """
 
 from __future__ import annotations
@@ -30,6 +32,19 @@ from alpac.intraop.strategies import MATERIALIZED, UNSUPPORTED_OPS, Strategy, fo
     transparent_operand_needs
 from alpac.plan.mesh import LogicalMesh
 from alpac.plan.sharding import Sharding
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """How a pipeline stage's peak bytes per device are judged (alpac.interop.pricing): the
+    parameters it holds all step, plus `in_flight` times the values one microbatch keeps from
+    its forward to its backward, plus the largest of the other values (XLA's fused loops
+    write in place: about one temporary is live at a time). Names of entry instructions."""
+
+    held: frozenset[str]  # parameters kept all step (weights, optimizer state, accumulators)
+    kept: frozenset[str]  # values one microbatch keeps for its backward
+    in_flight: int  # microbatches whose activations are held at once
+    not_temporary: frozenset[str]  # parameters, and what the backward reads from the forward
 
 
 @dataclass
@@ -104,8 +119,10 @@ class ShardingGraph:
 class _Builder:
     def __init__(self, module: Module, mesh: LogicalMesh, cluster, costs: CostTable,
                  budget: float | None, axes: tuple[int, ...] | None, hint: "Hint | None",
-                 allow=None, repeats: dict[str, float] | None = None):
+                 allow=None, repeats: dict[str, float] | None = None,
+                 memory: StageMemory | None = None):
         self.model = CostModel(cluster, mesh)
+        self.stage_memory = memory
         # axes not being solved count as size 1: nothing is split over them (yet)
         self.mesh_shape = tuple(n if axes is None or a in axes else 1
                                 for a, n in enumerate(mesh.shape))
@@ -195,7 +212,10 @@ class _Builder:
         self.walk(module.entry, 1.0)
         self.outputs(module)
         self.position += 1
-        self.memory_points(module)
+        if self.stage_memory is None:
+            self.memory_points(module)
+        else:
+            self.graph.memory_points.append(self.stage_point(module, self.stage_memory))
         return self.out
 
     def hinted(self, instr: Instruction, strategies: list[Strategy], idx=(),
@@ -478,6 +498,54 @@ class _Builder:
             self.graph.memory_points.append(MemoryPoint(base, sorted(terms.items())))
 
 
+    def stage_point(self, module: Module, memory: StageMemory) -> MemoryPoint:
+        """`memory`'s judged peak as one memory point: held and in-flight bytes summed, the
+        temporaries as its `largest` (those that can never be the largest left out)."""
+        by_name: dict[str, list[Value]] = {}
+        for (instr, idx), v in self.values.items():
+            if v.producer is instr and idx == v.leaf:
+                by_name.setdefault(instr.name, []).append(v)
+        held = [self.values[(p, ())] for p in module.entry.parameters
+                if p.name in memory.held and (p, ()) in self.values]
+        kept = [v for name in memory.kept for v in by_name.get(name, ())]
+        base, terms = self.bytes_terms(held, 1)
+        more, kept_terms = self.bytes_terms(kept, memory.in_flight)
+        temporaries = [self.bytes_terms(vs, 1) for name, vs in by_name.items()
+                       if name not in memory.not_temporary]
+        return MemoryPoint(base + more, _merged(terms + kept_terms), _may_be_largest(temporaries))
+
+    def bytes_terms(self, values: list[Value], times: int) -> tuple[float, list]:
+        """`times` the values' bytes per device: a constant, and per node per strategy."""
+        base, terms = 0.0, {}
+        for v in values:
+            tiles = times * np.array([s.tile_bytes(v.shape.dims, v.shape.element_bits,
+                                                   self.mesh_shape) for s in v.shardings])
+            if v.node is None:
+                base += float(tiles[0])
+            else:
+                terms[v.node] = terms.get(v.node, 0) + tiles
+        return base, sorted(terms.items())
+
+
+def _merged(terms: list) -> list:
+    out: dict[int, np.ndarray] = {}
+    for v, m in terms:
+        out[v] = out.get(v, 0) + m
+    return sorted(out.items())
+
+
+def _may_be_largest(sums: list[tuple[float, list]]) -> list[tuple[float, list]]:
+    """The sums that some choice makes the largest: one is at least the largest of their
+    smallest values whatever the choice, so a sum that never exceeds that never counts."""
+    if not sums:
+        return []
+    least = [c + sum(float(m.min()) for _, m in t) for c, t in sums]
+    floor = max(least)
+    keep = least.index(floor)
+    return [s for k, s in enumerate(sums)
+            if k == keep or s[0] + sum(float(m.max()) for _, m in s[1]) > floor]
+
+
 def strategy_seconds(sg: ShardingGraph, instr: Instruction, st: Strategy) -> float:
     """One run of `instr` at strategy `st`: its share of the work (a roofline of FLOPs and
     bytes over the ways the work is split) plus the collectives it performs itself."""
@@ -545,14 +613,17 @@ class Hint:
 def build_graph(module: Module, mesh: LogicalMesh, cluster, costs: CostTable,
                 budget: float | None = None, axes: tuple[int, ...] | None = None,
                 hint: Hint | None = None, allow=None,
-                repeats: dict[str, float] | None = None) -> ShardingGraph:
+                repeats: dict[str, float] | None = None,
+                memory: StageMemory | None = None) -> ShardingGraph:
     """The sharding problem of `module` on `mesh`, splitting only over `axes` (default all),
     keeping to `hint` on the axes an earlier round solved, and to the source strategies that
     `allow(instr, leaf index, strategy)` accepts (used to price fixed strategies such as pure
     data parallelism with the same model). `repeats` gives how many times per step an entry
     instruction runs (a pipeline stage runs its forward and backward once per microbatch and
-    its update once)."""
-    return _Builder(module, mesh, cluster, costs, budget, axes, hint, allow, repeats).build()
+    its update once). `memory`: judge the memory as a pipeline stage's (default: the peak of
+    the values live at each point of the program)."""
+    return _Builder(module, mesh, cluster, costs, budget, axes, hint, allow, repeats,
+                    memory).build()
 
 
 def collectives_of(sg: ShardingGraph, choice: list[int]) -> list[tuple[str, Collective, float]]:

@@ -7,6 +7,8 @@ proven gap.
                Σ_j e_uv[i,j] = s_u[i],  Σ_i e_uv[i,j] = s_v[j],  e ≥ 0   (tight marginals: with
                integral s they force e integral, and the LP is exact on trees)
                base_t + Σ_(v,m) m·s_v ≤ budget at every liveness point t
+               (a point may add the largest of several such sums, a temporary of which one
+               is live at a time: a variable above each of them)
                s_u[i] ≤ Σ_{j: allowed[i,j]} s_v[j] and the mirror, for every tie
                (aliased parameters and outputs, loop state that must keep one sharding)
 
@@ -28,16 +30,29 @@ TIME_SCALE = 1e6  # the ILP works in microseconds: SCIP's tolerances suit number
 _EPS = 1e-15
 
 
+Terms = list[tuple[int, np.ndarray]]  # per node, the bytes each of its strategies keeps
+
+
 @dataclass
 class MemoryPoint:
     """Bytes per device live at one point of the schedule: a constant plus, per node, the bytes
-    each of its strategies keeps."""
+    each of its strategies keeps; plus the largest of `largest` (constant, terms) sums, where
+    one of several temporaries is live (a pipeline stage's judged peak)."""
 
     base: float
-    terms: list[tuple[int, np.ndarray]]
+    terms: Terms
+    largest: list[tuple[float, Terms]] = field(default_factory=list)
 
     def value(self, choice) -> float:
-        return self.base + sum(float(m[choice[v]]) for v, m in self.terms)
+        return self.base + _sum(self.terms, choice) + max(
+            (c + _sum(t, choice) for c, t in self.largest), default=0.0)
+
+    def term_lists(self) -> list[Terms]:
+        return [self.terms] + [t for _, t in self.largest]
+
+
+def _sum(terms: Terms, choice) -> float:
+    return sum(float(m[choice[v]]) for v, m in terms)
 
 
 @dataclass
@@ -143,15 +158,17 @@ class _Reducer:
         self.keep = [np.arange(len(c)) for c in graph.node_costs]
         self.costs = [c.copy() for c in graph.node_costs]
         self.edges = {k: m.copy() for k, m in graph.edges.items()}
-        self.points = [MemoryPoint(p.base, [(v, m.copy()) for v, m in p.terms])
+        self.points = [MemoryPoint(p.base, _copy(p.terms),
+                                   [(c, _copy(t)) for c, t in p.largest])
                        for p in graph.memory_points]
         self.tied = {u for u, _, _ in graph.ties} | {v for _, v, _ in graph.ties}
         self.use_memory = graph.budget is not None
-        self.in_memory = {v for p in self.points for v, _ in p.terms} if self.use_memory else set()
-        self.term_at: dict[int, list[tuple[MemoryPoint, int]]] = {}  # node -> its memory terms
+        self.term_at: dict[int, list[tuple[Terms, int]]] = {}  # node -> its memory terms
         for p in self.points:
-            for j, (v, _) in enumerate(p.terms):
-                self.term_at.setdefault(v, []).append((p, j))
+            for terms in p.term_lists():
+                for j, (v, _) in enumerate(terms):
+                    self.term_at.setdefault(v, []).append((terms, j))
+        self.in_memory = set(self.term_at) if self.use_memory else set()
         self.alive = set(range(len(self.costs)))
         self.eliminated: list[tuple] = []
 
@@ -184,7 +201,7 @@ class _Reducer:
             columns += [self.edges[k] if side == 0 else self.edges[k].T
                         for k, side in incident[v]]
             # memory also without a budget: of two equally fast strategies the smaller stays
-            columns += [p.terms[j][1][:, None] for p, j in self.term_at.get(v, ())]
+            columns += [terms[j][1][:, None] for terms, j in self.term_at.get(v, ())]
             drop = _dominated(np.hstack(columns))
             if not drop.any():
                 continue
@@ -192,8 +209,8 @@ class _Reducer:
             self.keep[v], self.costs[v] = self.keep[v][mask], self.costs[v][mask]
             for k, side in incident[v]:
                 self.edges[k] = self.edges[k][mask] if side == 0 else self.edges[k][:, mask]
-            for p, j in self.term_at.get(v, ()):
-                p.terms[j] = (v, p.terms[j][1][mask])
+            for terms, j in self.term_at.get(v, ()):
+                terms[j] = (v, terms[j][1][mask])
             changed = True
         return changed
 
@@ -271,19 +288,34 @@ class _Reducer:
         if self.use_memory:
             seen = set()
             for p in self.points:
-                base = p.base + sum(float(m[0]) for v, m in p.terms if v not in index)
-                terms: dict[int, np.ndarray] = {}
-                for v, m in p.terms:
-                    if v in index:
-                        terms[index[v]] = terms.get(index[v], 0) + m
-                key = (round(base), tuple((v, tuple(np.round(m).astype(np.int64)))
-                                          for v, m in sorted(terms.items())))
+                base, terms = _renumbered(p.base, p.terms, index)
+                largest = [_renumbered(c, t, index) for c, t in p.largest]
+                key = (_key(base, terms), tuple(_key(c, t) for c, t in largest))
                 if key not in seen:
                     seen.add(key)
-                    out.memory_points.append(MemoryPoint(base, sorted(terms.items())))
+                    out.memory_points.append(MemoryPoint(base, terms, largest))
         out.ties = [(index[u], index[v], a[np.ix_(self.keep[u], self.keep[v])])
                     for u, v, a in self.graph.ties]
         return Reduced(out, self.keep, index, self.eliminated)
+
+
+def _copy(terms: Terms) -> Terms:
+    return [(v, m.copy()) for v, m in terms]
+
+
+def _renumbered(base: float, terms: Terms, index: dict[int, int]) -> tuple[float, Terms]:
+    """A sum's terms on the reduced graph's nodes; a node reduced to one strategy becomes
+    part of the constant."""
+    base += sum(float(m[0]) for v, m in terms if v not in index)
+    out: dict[int, np.ndarray] = {}
+    for v, m in terms:
+        if v in index:
+            out[index[v]] = out.get(index[v], 0) + m
+    return base, sorted(out.items())
+
+
+def _key(base: float, terms: Terms) -> tuple:
+    return round(base), tuple((v, tuple(np.round(m).astype(np.int64))) for v, m in terms)
 
 
 def _dominated(profile: np.ndarray) -> np.ndarray:
@@ -439,13 +471,20 @@ def _solve_scip(g: StrategyGraph, time_limit: float, gap_limit: float, seed: int
                    [(-1.0, s[v][j]) for j in np.flatnonzero(col_of == c)], "=", 0.0)
         objective.extend(((float(cols[r, c]) - low) * TIME_SCALE, e[r][c])
                          for r in range(n_rows) for c in range(n_cols) if cols[r, c] > low)
+    tops = []  # (variable, its memory point)
     if g.budget is not None:
-        for p in g.memory_points:
+        for k, p in enumerate(g.memory_points):
             room = 1.0 - p.base / g.budget
             if room < -1e-9:
                 return None, "infeasible", 1.0
-            row = [(float(m[i]) / g.budget, s[v][i]) for v, m in p.terms
-                   for i in range(len(m)) if m[i] > 0]
+            row = _memory_row(p.terms, s, g.budget)
+            if p.largest:  # a variable at least each sum, in fractions of the budget
+                top = lp.continuous(f"largest{k}")
+                tops.append((top, p))
+                for c, terms in p.largest:
+                    lp.row(_memory_row(terms, s, g.budget) + [(-1.0, top)], "<=",
+                           -c / g.budget)
+                row.append((1.0, top))
             if row:
                 lp.row(row, "<=", room)
     model = _new_model("alpac-sharding", time_limit, seed)
@@ -463,6 +502,9 @@ def _solve_scip(g: StrategyGraph, time_limit: float, gap_limit: float, seed: int
             for rr, row in enumerate(e):
                 for cc, name in enumerate(row):
                     model.setSolVal(sol, by_name[name], 1.0 if (rr, cc) == (r, c) else 0.0)
+        for top, p in tops:
+            model.setSolVal(sol, by_name[top], max(c + _sum(t, warm) for c, t in p.largest)
+                            / g.budget)
         model.addSol(sol)
     model.optimize()
     if model.getNSols() == 0:
@@ -473,6 +515,10 @@ def _solve_scip(g: StrategyGraph, time_limit: float, gap_limit: float, seed: int
         model.getStatus(), model.getStatus())
     gap = float(model.getGap())
     return choice, status, gap if np.isfinite(gap) else 1.0
+
+
+def _memory_row(terms: Terms, s, budget: float) -> list:
+    return [(float(m[i]) / budget, s[v][i]) for v, m in terms for i in range(len(m)) if m[i] > 0]
 
 
 class _LpText:
@@ -522,11 +568,17 @@ def min_peak_memory(graph: StrategyGraph, time_limit: float = 30.0) -> float:
     s = _one_hot_vars(model, graph)
     peak = model.addVar("peak", lb=0.0)
     scale = max([p.base for p in graph.memory_points]
-                + [float(m.max()) for p in graph.memory_points for _, m in p.terms] + [1.0])
-    for p in graph.memory_points:
-        model.addCons(p.base / scale + quicksum(float(m[i]) / scale * s[v][i]
-                                                for v, m in p.terms for i in range(len(m)))
-                      <= peak)
+                + [float(m.max()) for p in graph.memory_points for terms in p.term_lists()
+                   for _, m in terms] + [1.0])
+
+    def total(terms):
+        return quicksum(float(m[i]) / scale * s[v][i] for v, m in terms for i in range(len(m)))
+
+    for k, p in enumerate(graph.memory_points):
+        top = model.addVar(f"largest{k}", lb=0.0)
+        for c, terms in p.largest:
+            model.addCons(c / scale + total(terms) <= top)
+        model.addCons(p.base / scale + total(p.terms) + top <= peak)
     model.setObjective(peak)
     model.optimize()
     return float(model.getObjVal()) * scale if model.getNSols() else float("inf")
@@ -547,10 +599,13 @@ def brute_force(graph: StrategyGraph) -> tuple[list[int] | None, float]:
         ok &= allowed[combos[:, u], combos[:, v]]
     if graph.budget is not None:
         for p in graph.memory_points:
-            used = np.full(len(combos), p.base)
-            for v, m in p.terms:
-                used += m[combos[:, v]]
-            ok &= used <= graph.budget * (1 + 1e-9)
+            def used(base, terms):
+                out = np.full(len(combos), base)
+                for v, m in terms:
+                    out += m[combos[:, v]]
+                return out
+            top = np.max([used(c, t) for c, t in p.largest], axis=0) if p.largest else 0.0
+            ok &= used(p.base, p.terms) + top <= graph.budget * (1 + 1e-9)
     if not ok.any():
         return None, float("inf")
     value = np.where(ok, value, np.inf)

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 COLLECTIVE_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all",
                     "collective-permute")
 LINK_KINDS = ("intra_node", "inter_node")
-SCALARS = ("launch_s", "flop_s", "transcendental_s")  # one figure each (the field comments)
+# one figure each (the field comments)
+SCALARS = ("launch_s", "flop_s", "transcendental_s", "array_s")
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,7 @@ class Calibration:
     launch_s: float = 0.0  # launching one module execution and waiting for it
     flop_s: float = 0.0  # one elementwise arithmetic op on one element, in cache
     transcendental_s: float = 0.0  # one exp, log, sqrt, ... on one element, in cache
+    array_s: float = 0.0  # beyond launch_s, each array an execution returns
     dot: dict[str, Table] = field(default_factory=dict)  # element type -> FLOPs table
     elementwise: Table | None = None  # bytes read + written by a fused elementwise chain
     reduce: Table | None = None  # bytes read

@@ -114,16 +114,19 @@ def module_estimates(plan: dict, forward_share: float = FORWARD_SHARE) -> dict[s
             step = est.get("time_s")
             apply = est.get("apply_s")
             seconds = {Role.APPLY: None if apply is None else apply - received[1],
-                       Role.STEP: None if step is None else step + launch_seconds(plan)}.get(
+                       Role.STEP: None if step is None else step + launch_seconds(plan, est)}.get(
                 m["role"])
         if seconds is not None:
             out[m["name"]] = seconds
     return out
 
 
-def launch_seconds(plan: dict) -> float:
-    """Launching one module execution, on a calibrated cluster (in the pipelined figures
-    already)."""
+def launch_seconds(plan: dict, est: dict) -> float:
+    """Launching a one-stage plan's module, with its arrays, on a calibrated cluster (the
+    pipelined figures have their launches in them already); a plan written before emit
+    priced the arrays has the cluster's `launch_s`."""
+    if "launch_s" in est:
+        return est["launch_s"]["per_step"]
     return (plan["cluster"].get("calibration") or {}).get("launch_s", 0.0)
 
 
@@ -138,7 +141,7 @@ def stage_busy_estimate(plan: dict, stage: dict) -> float:
     """Seconds a stage's modules compute per iteration: every microbatch and its update."""
     est = stage["estimate"]
     if "time_per_microbatch_s" not in est:
-        return est["time_s"] + launch_seconds(plan)
+        return est["time_s"] + launch_seconds(plan, est)
     per_microbatch, per_step = _received(est)
     return plan["num_micro_batches"] * (est["time_per_microbatch_s"] - per_microbatch) + \
         est.get("apply_s", 0.0) - per_step
@@ -154,7 +157,7 @@ def predict(plan: dict, forward_share: float = FORWARD_SHARE) -> Prediction:
     if not _pipelined(plan):
         spans, t = [], 0.0
         for s in plan["stages"]:  # one module per step (a one-stage plan)
-            end = t + s["estimate"]["time_s"] + launch_seconds(plan)
+            end = t + s["estimate"]["time_s"] + launch_seconds(plan, s["estimate"])
             spans.append(Span(s["index"], "step", Role.STEP, t, end, {"stage": s["index"]}))
             t = spans[-1].end
         return Prediction(tracks, spans, t)

@@ -20,10 +20,10 @@ A calibrated cluster (`alpac calibrate`, alpac/plan/calibration.py) replaces the
 its measured tables where it has one: dots by FLOPs, elementwise work and reductions by bytes,
 each collective by link kind, group size and bytes, point-to-point sends by bytes. The tables
 hold work inside a module (measured repeated within one execution); launching a module is
-counted once per module execution instead, with each array it returns (`launch_seconds`). They were measured with every
-device of the calibration working; where its `concurrency` table says devices share a host
-(virtual CPU devices), compute on a cluster cut to fewer devices (a plan that leaves the
-rest idle) costs that table's share.
+counted once per module execution instead, with each array it returns (`launch_seconds`).
+They were measured with every device of the calibration working; where its `concurrency`
+table says devices share a host (virtual CPU devices), compute (and launching) on a cluster
+cut to fewer devices (a plan that leaves the rest idle) costs that table's share.
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ theirs, one layer runs at a time). What it receives from the stages beside it is
 here, nor the arrays its modules return: the emitted plan adds them (emit's
 `_receive_seconds` and `_launch_seconds`). Layers whose share is the same program up to
 names (the blocks of a transformer) are solved once per logical mesh. The ILP runs at two
-microbatch counts; other counts are interpolated as a + b/B (exact while the shardings stay the same: per-example work scales with the microbatch,
-weight-sized work does not).
+microbatch counts; other counts are interpolated as a + b/B (exact while the shardings stay
+the same: per-example work scales with the microbatch, weight-sized work does not).
 """
 
 from __future__ import annotations

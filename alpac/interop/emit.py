@@ -133,7 +133,7 @@ def _launch_seconds(program: Program, cluster) -> dict[int, tuple[float, float]]
     cluster's `launch_seconds`): `launch_s` per execution, and `array_s` per array it returns
     (the host's work per result; a small GPT's one-stage step returns ~200: its weights and
     optimizer state)."""
-    if cluster is None or cluster.calibration is None:
+    if cluster is None:
         return {}
     out: dict[int, list[float]] = {}
     for m in program.modules:

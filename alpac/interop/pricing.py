@@ -32,7 +32,8 @@ import numpy as np
 
 from alpac.hlo.transforms import canonical_hash, canonical_order
 from alpac.interop import pipeline as pl
-from alpac.interop.remat import REMAT_MODES, Remat, remat_split, split_for_backward
+from alpac.interop.remat import REMAT_MODES, Remat, RematSplit, remat_split, \
+    split_for_backward
 from alpac.intraop.autoshard import auto_shard
 from alpac.intraop.builder import StageMemory
 from alpac.intraop.rules import both, keep_to
@@ -177,11 +178,11 @@ def stage_figures(stage: "pl.StageModule", result, choice: dict | None = None) -
     seconds = result.seconds_by(lambda name: role.get(name, "shared"))
     per_step = sum(v for k, v in seconds.items()
                    if k in (Role.FORWARD, Role.BACKWARD, "shared"))
-    again = remat_split(stage, choice).again
-    if again:
+    split = remat_split(stage, choice)
+    if split.again:
         per_step += sum(v for k, v in result.seconds_by(lambda name: name).items()
-                        if k in again)
-    memory = stage_memory(stage, 1, choice)
+                        if k in split.again)
+    memory = stage_memory(stage, 1, split)
     per_value = result.bytes_by(lambda name: name)
     activation = sum(v for k, v in per_value.items() if k in memory.kept)
     transient = max((v for k, v in per_value.items() if k not in memory.not_temporary),
@@ -191,17 +192,17 @@ def stage_figures(stage: "pl.StageModule", result, choice: dict | None = None) -
     return LayerCost(per_step / B, seconds.get(Role.APPLY, 0.0), params, activation, transient)
 
 
-def stage_memory(stage: "pl.StageModule", in_flight: int, choice: dict | None = None
-                 ) -> StageMemory:
+def stage_memory(stage: "pl.StageModule", in_flight: int, split: RematSplit) -> StageMemory:
     """What a stage's peak memory counts (`stage_figures`, and the ILP under a budget): the
     step-scope parameters (weights, optimizer state, accumulators), the values a microbatch
-    keeps for its backward (fewer where it recomputes), and beside them about one temporary
-    at a time (XLA fuses the elementwise chains into loops that write in place)."""
+    keeps for its backward under `split` (fewer where it recomputes), and beside them about
+    one temporary at a time (XLA fuses the elementwise chains into loops that write in
+    place)."""
     parameters = stage.module.entry.parameters
     return StageMemory(
         held=frozenset(p.name for p in parameters
                        if stage.scope.get(stage.param_values[p.parameter_number]) == "step"),
-        kept=frozenset(remat_split(stage, choice).kept), in_flight=in_flight,
+        kept=frozenset(split.kept), in_flight=in_flight,
         not_temporary=frozenset(p.name for p in parameters)
         | frozenset(split_for_backward(stage, set()).kept))
 
@@ -220,12 +221,6 @@ def pipelined_peak(stage: "pl.StageModule", result, num_stages: int, index: int,
     figures = stage_figures(stage, result)
     in_flight = microbatches_in_flight(num_stages, index, num_micro_batches)
     return figures, in_flight, figures.held_bytes + in_flight * figures.activation_bytes
-
-
-def pipelined_memory(stage: "pl.StageModule", num_stages: int, index: int,
-                     num_micro_batches: int) -> StageMemory:
-    """`pipelined_peak`'s count, for the ILP to keep within the budget."""
-    return stage_memory(stage, microbatches_in_flight(num_stages, index, num_micro_batches))
 
 
 def _param_bytes(result, param) -> float:

@@ -7,12 +7,14 @@ from typing import NamedTuple
 
 from alpac.errors import UserError
 from alpac.hlo.transforms import canonical_hash, canonical_order
-from alpac.interop.pricing import pipelined_memory, pipelined_peak
+from alpac.interop.pricing import pipelined_peak, stage_memory
+from alpac.interop.remat import remat_split
 from alpac.interop.stage import ShardedStage, ShardedStages, Stage, StageAssignment
 from alpac.intraop.autoshard import auto_shard
 from alpac.intraop.builder import StageMemory
 from alpac.intraop.ilp import Infeasible
 from alpac.intraop.rules import both, keep_to
+from alpac.plan.schedule import microbatches_in_flight
 
 
 def shard_stages(assignment: StageAssignment, cluster, budget: float, time_limit: float,
@@ -69,8 +71,9 @@ class StagePeak(NamedTuple):
                               self.num_micro_batches)[2]
 
     def memory(self) -> StageMemory:
-        return pipelined_memory(self.stage, self.num_stages, self.index,
-                                self.num_micro_batches)
+        """The same count for the ILP, with the stage's own recomputation."""
+        return stage_memory(self.stage, microbatches_in_flight(
+            self.num_stages, self.index, self.num_micro_batches), remat_split(self.stage))
 
 
 def peak_of(stage: Stage, num_stages: int, num_micro_batches: int) -> StagePeak | None:

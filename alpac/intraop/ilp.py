@@ -575,9 +575,11 @@ def min_peak_memory(graph: StrategyGraph, time_limit: float = 30.0) -> float:
         return quicksum(float(m[i]) / scale * s[v][i] for v, m in terms for i in range(len(m)))
 
     for k, p in enumerate(graph.memory_points):
-        top = model.addVar(f"largest{k}", lb=0.0)
-        for c, terms in p.largest:
-            model.addCons(c / scale + total(terms) <= top)
+        top = 0.0
+        if p.largest:
+            top = model.addVar(f"largest{k}", lb=0.0)
+            for c, terms in p.largest:
+                model.addCons(c / scale + total(terms) <= top)
         model.addCons(p.base / scale + total(p.terms) + top <= peak)
     model.setObjective(peak)
     model.optimize()

@@ -113,9 +113,9 @@ def module_estimates(plan: dict, forward_share: float = FORWARD_SHARE) -> dict[s
         else:
             step = est.get("time_s")
             apply = est.get("apply_s")
+            launched = None if step is None else step + launch_seconds(plan, est)
             seconds = {Role.APPLY: None if apply is None else apply - received[1],
-                       Role.STEP: None if step is None else step + launch_seconds(plan, est)}.get(
-                m["role"])
+                       Role.STEP: launched}.get(m["role"])
         if seconds is not None:
             out[m["name"]] = seconds
     return out

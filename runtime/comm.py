@@ -186,10 +186,14 @@ class Watchdog:
 # ---- failing -----------------------------------------------------------------------------
 
 _failed = threading.Lock()
+# mpiexec forwards a rank's stderr through its process manager, and MPI_Abort can overtake
+# what is still in the pipe: a rank that reports on stderr gives the line this long to pass
+_FORWARD_S = 0.5
 
 
-def report_error(rank: int | None, message: str, code: int, detail: str | None = None) -> None:
-    """Tell the launcher (status file) or the user (stderr) what went wrong, once."""
+def report_error(rank: int | None, message: str, code: int, detail: str | None = None) -> bool:
+    """Tell the launcher (status file) or the user (stderr) what went wrong, once; whether
+    it went to stderr."""
     status = os.environ.get(STATUS_ENV)
     where = f"rank {rank}: " if rank is not None else ""
     if status:
@@ -197,13 +201,14 @@ def report_error(rank: int | None, message: str, code: int, detail: str | None =
             write_json(Path(status) / f"error.rank{rank if rank is not None else 'x'}.json",
                        {"rank": rank, "message": message, "code": code, "time": time.time(),
                         "detail": detail})
-            return
+            return False
         except OSError:
             pass
     sys.stderr.write(f"alpa-run: error: {where}{message}\n")
     if detail and os.environ.get("ALPAC_RUN_DEBUG"):
         sys.stderr.write(detail)
     sys.stderr.flush()
+    return True
 
 
 def fail(rank: int | None, message: str, code: int, detail: str | None = None) -> None:
@@ -211,7 +216,8 @@ def fail(rank: int | None, message: str, code: int, detail: str | None = None) -
     if not _failed.acquire(blocking=False):
         time.sleep(3600)  # another thread is already failing this rank
     try:
-        report_error(rank, message, code, detail)
+        if report_error(rank, message, code, detail):
+            time.sleep(_FORWARD_S)
         sys.stdout.flush()
     finally:
         abort(code)

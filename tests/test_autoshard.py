@@ -23,7 +23,8 @@ from alpac.hlo import parse_hlo, print_module
 from alpac.hlo.transforms import flatten_entry_tuple_params, inline_calls
 from alpac.intraop.autoshard import auto_shard
 from alpac.intraop.builder import build_graph
-from alpac.intraop.ilp import brute_force, solve
+from alpac.intraop.ilp import solve
+from alpac.intraop.problem import brute_force
 from alpac.intraop.rules import keep_to
 from alpac.plan.cluster import default_cluster, load_cluster
 from alpac.plan.mesh import LogicalMesh

@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from alpac.intraop.ilp import Infeasible, MemoryPoint, StrategyGraph, brute_force, reduce_graph, \
-    solve
+from alpac.intraop.ilp import solve
+from alpac.intraop.problem import Infeasible, MemoryPoint, StrategyGraph, brute_force
+from alpac.intraop.reduce import reduce_graph
 
 
 def random_graph(rng, n_nodes, budget_fraction=None, with_ties=False, structured=False):

@@ -35,7 +35,7 @@ from alpac.interop import pipeline as pl
 from alpac.interop.remat import REMAT_MODES, Remat, RematSplit, remat_split, \
     split_for_backward
 from alpac.intraop.autoshard import auto_shard
-from alpac.intraop.builder import StageMemory
+from alpac.intraop.memory import StageMemory
 from alpac.intraop.rules import both, keep_to
 from alpac.plan.mesh import LogicalMesh
 from alpac.plan.program import Role

@@ -11,8 +11,8 @@ from alpac.interop.pricing import pipelined_peak, stage_memory
 from alpac.interop.remat import remat_split
 from alpac.interop.stage import ShardedStage, ShardedStages, Stage, StageAssignment
 from alpac.intraop.autoshard import auto_shard
-from alpac.intraop.builder import StageMemory
-from alpac.intraop.ilp import Infeasible
+from alpac.intraop.memory import StageMemory
+from alpac.intraop.problem import Infeasible
 from alpac.intraop.rules import both, keep_to
 from alpac.plan.schedule import microbatches_in_flight
 

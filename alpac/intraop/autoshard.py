@@ -17,10 +17,12 @@ from alpac.analysis.costmodel import CostModel
 from alpac.analysis.costs import CostTable
 from alpac.hlo import Module
 from alpac.intraop.annotate import write_shardings
-from alpac.intraop.builder import Hint, ShardingGraph, StageMemory, build_graph, collectives_of, \
+from alpac.intraop.builder import Hint, ShardingGraph, build_graph, collectives_of, \
     strategy_seconds
 from alpac.intraop.collectives import reshard
-from alpac.intraop.ilp import Solution, solve
+from alpac.intraop.ilp import solve
+from alpac.intraop.memory import StageMemory
+from alpac.intraop.problem import Solution
 from alpac.plan.mesh import LogicalMesh
 
 

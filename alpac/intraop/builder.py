@@ -5,10 +5,9 @@ Walks the entry computation in order (loop bodies and conditional branches where
 called, their costs multiplied by the trip count). Sources get an ILP node; followers add
 their costs to the node they follow; every operand whose sharding differs from what its user
 needs adds an edge priced as the resharding XLA will do. Values that XLA materialises
-(parameters, outputs, results of dots, reduces, ...) contribute their per-device bytes to the
-memory point of every schedule position where they are live. A pipeline stage's memory is
-judged otherwise (`StageMemory`): one point of what it holds, its microbatches' activations in
-flight, and its largest temporary.
+(parameters, outputs, results of dots, reduces, ...) are live from their birth to their last
+use; alpac.intraop.memory turns that (or a pipeline stage's `StageMemory`) into the ILP's
+memory points.
 """
 
 from __future__ import annotations
@@ -25,26 +24,14 @@ from alpac.hlo.ir import Computation, Instruction, Module
 from alpac.hlo.opcodes import COLLECTIVE_OPS, CONTRACTIONS, LOOP_FUSIBLE, REDUCTIONS
 from alpac.hlo.shape import Shape
 from alpac.intraop.collectives import Collective, reshard
-from alpac.intraop.ilp import MemoryPoint, StrategyGraph
+from alpac.intraop.memory import StageMemory, liveness_points, stage_point
+from alpac.intraop.problem import StrategyGraph
 from alpac.intraop.space import array_shardings
 from alpac.intraop.strategies import MATERIALIZED, UNSUPPORTED_OPS, Strategy, follow, \
     followed_operand, is_transparent, replicated_strategy, rule_strategies, source_strategies, \
     transparent_operand_needs
 from alpac.plan.mesh import LogicalMesh
 from alpac.plan.sharding import Sharding
-
-
-@dataclass(frozen=True)
-class StageMemory:
-    """How a pipeline stage's peak bytes per device are judged (alpac.interop.pricing): the
-    parameters it holds all step, plus `in_flight` times the values one microbatch keeps from
-    its forward to its backward, plus the largest of the other values (XLA's fused loops
-    write in place: about one temporary is live at a time). Names of entry instructions."""
-
-    held: frozenset[str]  # parameters kept all step (weights, optimizer state, accumulators)
-    kept: frozenset[str]  # values one microbatch keeps for its backward
-    in_flight: int  # microbatches whose activations are held at once
-    not_temporary: frozenset[str]  # parameters, and what the backward reads from the forward
 
 
 @dataclass
@@ -183,9 +170,9 @@ class _Builder:
         module = self.out.module
         for instr in module.instructions():
             if instr.opcode in COLLECTIVE_OPS:
-                raise UserError(f"instruction '{instr.name}' is an {instr.opcode} collective: the module is "
-                                f"already partitioned; alpac needs the module before SPMD "
-                                f"partitioning")
+                raise UserError(f"instruction '{instr.name}' is an {instr.opcode} collective: "
+                                f"the module is already partitioned; alpac needs the module "
+                                f"before SPMD partitioning")
             if instr.opcode in UNSUPPORTED_OPS:
                 raise UserError(f"instruction '{instr.name}' ({instr.opcode}) is "
                                 f"{UNSUPPORTED_OPS[instr.opcode]}")
@@ -213,9 +200,11 @@ class _Builder:
         self.outputs(module)
         self.position += 1
         if self.stage_memory is None:
-            self.memory_points(module)
+            self.graph.memory_points.extend(liveness_points(
+                list(self.live_values.values()), self.birth, self.death, self.mesh_shape))
         else:
-            self.graph.memory_points.append(self.stage_point(module, self.stage_memory))
+            self.graph.memory_points.append(stage_point(
+                self.values, module.entry.parameters, self.stage_memory, self.mesh_shape))
         return self.out
 
     def hinted(self, instr: Instruction, strategies: list[Strategy], idx=(),
@@ -468,82 +457,6 @@ class _Builder:
             if p.parameter_number not in donated:
                 for idx, _ in p.shape.leaves():
                     self.death[id(self.values[(p, idx)])] = 10 ** 9
-
-    def memory_points(self, module: Module) -> None:
-        """One memory point per local maximum of the live set: a position where values were
-        born since the last death and one now dies (the maximal cliques of the intervals)."""
-        values = list(self.live_values.values())
-        births = {self.birth[id(v)] for v in values}
-        deaths = {self.death[id(v)] for v in values}
-        points, rising = [], False
-        for t in sorted(births | deaths):
-            rising = rising or t in births
-            if t in deaths and rising:
-                points.append(t)
-                rising = False
-        if rising:
-            points.append(max(births))
-        tiles = {id(v): np.array([s.tile_bytes(v.shape.dims, v.shape.element_bits,
-                                               self.mesh_shape)
-                                  for s in v.shardings], dtype=float) for v in values}
-        for t in points:
-            base = 0.0
-            terms: dict[int, np.ndarray] = {}
-            for v in values:
-                if self.birth[id(v)] <= t <= self.death[id(v)]:
-                    if v.node is None:
-                        base += float(tiles[id(v)][0])
-                    else:
-                        terms[v.node] = terms.get(v.node, 0) + tiles[id(v)]
-            self.graph.memory_points.append(MemoryPoint(base, sorted(terms.items())))
-
-
-    def stage_point(self, module: Module, memory: StageMemory) -> MemoryPoint:
-        """`memory`'s judged peak as one memory point: held and in-flight bytes summed, the
-        temporaries as its `largest` (those that can never be the largest left out)."""
-        by_name: dict[str, list[Value]] = {}
-        for (instr, idx), v in self.values.items():
-            if v.producer is instr and idx == v.leaf:
-                by_name.setdefault(instr.name, []).append(v)
-        held = [self.values[(p, ())] for p in module.entry.parameters
-                if p.name in memory.held and (p, ()) in self.values]
-        kept = [v for name in memory.kept for v in by_name.get(name, ())]
-        base, terms = self.bytes_terms(held, 1)
-        more, kept_terms = self.bytes_terms(kept, memory.in_flight)
-        temporaries = [self.bytes_terms(vs, 1) for name, vs in by_name.items()
-                       if name not in memory.not_temporary]
-        return MemoryPoint(base + more, _merged(terms + kept_terms), _may_be_largest(temporaries))
-
-    def bytes_terms(self, values: list[Value], times: int) -> tuple[float, list]:
-        """`times` the values' bytes per device: a constant, and per node per strategy."""
-        base, terms = 0.0, {}
-        for v in values:
-            tiles = times * np.array([s.tile_bytes(v.shape.dims, v.shape.element_bits,
-                                                   self.mesh_shape) for s in v.shardings])
-            if v.node is None:
-                base += float(tiles[0])
-            else:
-                terms[v.node] = terms.get(v.node, 0) + tiles
-        return base, sorted(terms.items())
-
-
-def _merged(terms: list) -> list:
-    out: dict[int, np.ndarray] = {}
-    for v, m in terms:
-        out[v] = out.get(v, 0) + m
-    return sorted(out.items())
-
-
-def _may_be_largest(sums: list[tuple[float, list]]) -> list[tuple[float, list]]:
-    """The sums that some choice makes the largest: one is at least the largest of their
-    smallest values whatever the choice, so a sum that never exceeds that never counts."""
-    if not sums:
-        return []
-    least = [c + sum(float(m.min()) for _, m in t) for c, t in sums]
-    floor = max(least)
-    keep = least.index(floor)
-    return [s for k, s in enumerate(sums)
-            if k == keep or s[0] + sum(float(m.max()) for _, m in s[1]) > floor]
 
 
 def strategy_seconds(sg: ShardingGraph, instr: Instruction, st: Strategy) -> float:

@@ -1,339 +1,26 @@
-"""The strategy-selection ILP, independent of HLO: nodes with one cost per strategy, pairwise
-edge cost matrices, memory at liveness points, and ties — reduced, then solved by SCIP to a
-proven gap.
+"""The strategy-selection ILP: a reduced `StrategyGraph` solved by SCIP to a proven gap, with a
+greedy, locally improved warm start.
 
     minimise   Σ_v c_v·s_v + Σ_(u,v) Σ_ij C_uv[i,j]·e_uv[i,j]
     subject to Σ_i s_v[i] = 1,  s binary
                Σ_j e_uv[i,j] = s_u[i],  Σ_i e_uv[i,j] = s_v[j],  e ≥ 0   (tight marginals: with
                integral s they force e integral, and the LP is exact on trees)
                base_t + Σ_(v,m) m·s_v ≤ budget at every liveness point t
-               (a point may add the largest of several such sums, a temporary of which one
-               is live at a time: a variable above each of them)
+               (a point may add the largest of several such sums: a variable above each of
+               them)
                s_u[i] ≤ Σ_{j: allowed[i,j]} s_v[j] and the mirror, for every tie
-               (aliased parameters and outputs, loop state that must keep one sharding)
-
-Reduction before solving, each exact: edges whose matrix is zero or separable
-(C[i,j] = a_i + b_j) fold into node costs; strategies that another strategy of the same node
-matches or beats in cost, in every edge row and (under a budget) in memory are dropped; nodes
-left with one strategy become constants; repeated memory points are dropped.
 """
 
 from __future__ import annotations
 
-import itertools
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 
+from alpac.intraop.problem import Infeasible, Solution, StrategyGraph, Terms, terms_sum
+from alpac.intraop.reduce import reduce_graph
+
 TIME_SCALE = 1e6  # the ILP works in microseconds: SCIP's tolerances suit numbers near 1
-_EPS = 1e-15
-
-
-Terms = list[tuple[int, np.ndarray]]  # per node, the bytes each of its strategies keeps
-
-
-@dataclass
-class MemoryPoint:
-    """Bytes per device live at one point of the schedule: a constant plus, per node, the bytes
-    each of its strategies keeps; plus the largest of `largest` (constant, terms) sums, where
-    one of several temporaries is live (a pipeline stage's judged peak)."""
-
-    base: float
-    terms: Terms
-    largest: list[tuple[float, Terms]] = field(default_factory=list)
-
-    def value(self, choice) -> float:
-        return self.base + _sum(self.terms, choice) + max(
-            (c + _sum(t, choice) for c, t in self.largest), default=0.0)
-
-    def term_lists(self) -> list[Terms]:
-        return [self.terms] + [t for _, t in self.largest]
-
-
-def _sum(terms: Terms, choice) -> float:
-    return sum(float(m[choice[v]]) for v, m in terms)
-
-
-@dataclass
-class StrategyGraph:
-    node_costs: list[np.ndarray] = field(default_factory=list)  # seconds per strategy
-    edges: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)  # [S_u, S_v], u < v
-    memory_points: list[MemoryPoint] = field(default_factory=list)
-    ties: list[tuple[int, int, np.ndarray]] = field(default_factory=list)  # bool [S_u, S_v]
-    budget: float | None = None  # bytes per device
-    constant: float = 0.0  # seconds that no choice changes
-
-    def add_node(self, costs) -> int:
-        self.node_costs.append(np.asarray(costs, dtype=float))
-        return len(self.node_costs) - 1
-
-    def add_edge(self, u: int, v: int, matrix) -> None:
-        matrix = np.asarray(matrix, dtype=float)
-        if u == v:
-            self.node_costs[u] = self.node_costs[u] + np.diag(matrix)
-            return
-        if u > v:
-            u, v, matrix = v, u, matrix.T
-        old = self.edges.get((u, v))
-        self.edges[(u, v)] = matrix if old is None else old + matrix
-
-    def objective(self, choice) -> float:
-        total = self.constant + sum(float(c[choice[v]]) for v, c in enumerate(self.node_costs))
-        return total + sum(float(m[choice[u], choice[v]]) for (u, v), m in self.edges.items())
-
-    def peak_memory(self, choice) -> float:
-        return max((p.value(choice) for p in self.memory_points), default=0.0)
-
-    def feasible(self, choice) -> bool:
-        if any(not allowed[choice[u], choice[v]] for u, v, allowed in self.ties):
-            return False
-        return self.budget is None or self.peak_memory(choice) <= self.budget * (1 + 1e-9)
-
-    @property
-    def size(self) -> dict:
-        return {"nodes": len(self.node_costs),
-                "strategies": int(sum(len(c) for c in self.node_costs)),
-                "edges": len(self.edges),
-                "edge_entries": int(sum(m.size for m in self.edges.values())),
-                "memory_points": len(self.memory_points)}
-
-
-@dataclass
-class Solution:
-    choice: list[int]
-    objective: float  # seconds
-    status: str  # optimal | gap_limit | time_limit
-    gap: float
-    solve_time: float
-    size_before: dict
-    size_after: dict
-    peak_memory: float
-
-
-class Infeasible(Exception):
-    """No assignment fits the budget; `min_peak` is the smallest peak that any reaches."""
-
-    def __init__(self, min_peak: float):
-        super().__init__(f"no sharding fits the memory budget; the smallest per-device peak "
-                         f"alpac can reach is {min_peak:,.0f} bytes")
-        self.min_peak = min_peak
-
-
-# ---- reduction -------------------------------------------------------------------------------
-
-@dataclass
-class Reduced:
-    graph: StrategyGraph
-    keep: list[np.ndarray]  # per original node: its original strategy indices still in play
-    index: dict[int, int]  # original node -> node of the reduced graph
-    eliminated: list[tuple]  # (v, u, w, table) in elimination order, see `expand`
-
-    def expand(self, choice: list[int]) -> list[int]:
-        """Original strategy indices of every original node for a reduced-graph choice."""
-        full = [int(k[0]) for k in self.keep]
-        for v, new in self.index.items():
-            full[v] = int(self.keep[v][choice[new]])
-        for v, u, w, table in reversed(self.eliminated):
-            if u is None:
-                full[v] = int(table)
-            elif w is None:
-                full[v] = int(table[full[u]])
-            else:
-                full[v] = int(table[full[u], full[w]])
-        return full
-
-
-def reduce_graph(graph: StrategyGraph) -> Reduced:
-    return _Reducer(graph).run()
-
-
-class _Reducer:
-    """Exact reductions, repeated until nothing changes (see the module docstring), plus
-    elimination of nodes that no memory point or tie involves: a node with one neighbour folds
-    into it (min over its strategies), a node with two into an edge between them."""
-
-    def __init__(self, graph: StrategyGraph):
-        self.graph = graph
-        self.keep = [np.arange(len(c)) for c in graph.node_costs]
-        self.costs = [c.copy() for c in graph.node_costs]
-        self.edges = {k: m.copy() for k, m in graph.edges.items()}
-        self.points = [MemoryPoint(p.base, _copy(p.terms),
-                                   [(c, _copy(t)) for c, t in p.largest])
-                       for p in graph.memory_points]
-        self.tied = {u for u, _, _ in graph.ties} | {v for _, v, _ in graph.ties}
-        self.use_memory = graph.budget is not None
-        self.term_at: dict[int, list[tuple[Terms, int]]] = {}  # node -> its memory terms
-        for p in self.points:
-            for terms in p.term_lists():
-                for j, (v, _) in enumerate(terms):
-                    self.term_at.setdefault(v, []).append((terms, j))
-        self.in_memory = set(self.term_at) if self.use_memory else set()
-        self.alive = set(range(len(self.costs)))
-        self.eliminated: list[tuple] = []
-
-    def incident(self) -> dict[int, list[tuple[tuple[int, int], int]]]:
-        out: dict[int, list] = {v: [] for v in self.alive}
-        for key in self.edges:
-            out[key[0]].append((key, 0))
-            out[key[1]].append((key, 1))
-        return out
-
-    def fold_separable(self) -> bool:
-        changed = False
-        for (u, v), m in list(self.edges.items()):
-            a = m[:, :1] - m[:1, :1]
-            b = m[:1, :]
-            if np.allclose(m, a + b, rtol=0, atol=_EPS + 1e-12 * float(np.abs(m).max())):
-                self.costs[u] = self.costs[u] + a[:, 0]
-                self.costs[v] = self.costs[v] + b[0]
-                del self.edges[(u, v)]
-                changed = True
-        return changed
-
-    def drop_dominated(self) -> bool:
-        changed = False
-        incident = self.incident()
-        for v in sorted(self.alive):
-            if v in self.tied or len(self.costs[v]) <= 1:
-                continue
-            columns = [self.costs[v][:, None]]
-            columns += [self.edges[k] if side == 0 else self.edges[k].T
-                        for k, side in incident[v]]
-            # memory also without a budget: of two equally fast strategies the smaller stays
-            columns += [terms[j][1][:, None] for terms, j in self.term_at.get(v, ())]
-            drop = _dominated(np.hstack(columns))
-            if not drop.any():
-                continue
-            mask = ~drop
-            self.keep[v], self.costs[v] = self.keep[v][mask], self.costs[v][mask]
-            for k, side in incident[v]:
-                self.edges[k] = self.edges[k][mask] if side == 0 else self.edges[k][:, mask]
-            for terms, j in self.term_at.get(v, ()):
-                terms[j] = (v, terms[j][1][mask])
-            changed = True
-        return changed
-
-    def _drop_edge(self, key: tuple[int, int], incident) -> None:
-        del self.edges[key]
-        incident[key[0]].remove((key, 0))
-        incident[key[1]].remove((key, 1))
-
-    def eliminate(self) -> bool:
-        changed = False
-        incident = self.incident()
-        for v in sorted(self.alive):
-            if v in self.tied or v in self.in_memory or v not in self.alive:
-                continue
-            nbrs = incident[v]
-            if len(nbrs) > 2:
-                continue
-            # each neighbour edge as a matrix [S_v, S_other]
-            mats = [(k[1 - side], self.edges[k] if side == 0 else self.edges[k].T, k)
-                    for k, side in nbrs]
-            c = self.costs[v]
-            if not mats:
-                best = int(np.argmin(c))
-                self.eliminated.append((v, None, None, self.keep[v][best]))
-            elif len(mats) == 1:
-                u, m, key = mats[0]
-                total = c[:, None] + m  # [S_v, S_u]
-                best = np.argmin(total, axis=0)
-                table = np.full(len(self.graph.node_costs[u]), -1)
-                table[self.keep[u]] = self.keep[v][best]
-                self.costs[u] = self.costs[u] + total[best, np.arange(total.shape[1])]
-                self._drop_edge(key, incident)
-                self.eliminated.append((v, u, None, table))
-            else:
-                (u, mu, ku), (w, mw, kw) = mats
-                if u == w or mu.shape[1] * mw.shape[1] > mu.size + mw.size:
-                    continue
-                total = c[:, None, None] + mu[:, :, None] + mw[:, None, :]  # [S_v, S_u, S_w]
-                best = np.argmin(total, axis=0)
-                merged = np.take_along_axis(total, best[None], axis=0)[0]
-                table = np.full((len(self.graph.node_costs[u]), len(self.graph.node_costs[w])),
-                                -1)
-                table[np.ix_(self.keep[u], self.keep[w])] = self.keep[v][best]
-                self._drop_edge(ku, incident)
-                self._drop_edge(kw, incident)
-                key = (u, w) if u < w else (w, u)
-                merged = merged if u < w else merged.T
-                if key in self.edges:
-                    self.edges[key] = self.edges[key] + merged
-                else:
-                    self.edges[key] = merged
-                    incident[key[0]].append((key, 0))
-                    incident[key[1]].append((key, 1))
-                self.eliminated.append((v, u, w, table))
-            self.alive.discard(v)
-            del incident[v]
-            changed = True
-        return changed
-
-    def run(self) -> Reduced:
-        while self.fold_separable() | self.drop_dominated() | self.eliminate():
-            pass
-        index: dict[int, int] = {}
-        out = StrategyGraph(budget=self.graph.budget)
-        for v in sorted(self.alive):
-            if len(self.costs[v]) > 1 or v in self.tied:
-                index[v] = out.add_node(self.costs[v])
-        for (u, v), m in self.edges.items():
-            if u in index and v in index:
-                out.add_edge(index[u], index[v], m)
-            elif v in index:
-                out.node_costs[index[v]] = out.node_costs[index[v]] + m[0]
-            elif u in index:
-                out.node_costs[index[u]] = out.node_costs[index[u]] + m[:, 0]
-        if self.use_memory:
-            seen = set()
-            for p in self.points:
-                base, terms = _renumbered(p.base, p.terms, index)
-                largest = [_renumbered(c, t, index) for c, t in p.largest]
-                key = (_key(base, terms), tuple(_key(c, t) for c, t in largest))
-                if key not in seen:
-                    seen.add(key)
-                    out.memory_points.append(MemoryPoint(base, terms, largest))
-        out.ties = [(index[u], index[v], a[np.ix_(self.keep[u], self.keep[v])])
-                    for u, v, a in self.graph.ties]
-        return Reduced(out, self.keep, index, self.eliminated)
-
-
-def _copy(terms: Terms) -> Terms:
-    return [(v, m.copy()) for v, m in terms]
-
-
-def _renumbered(base: float, terms: Terms, index: dict[int, int]) -> tuple[float, Terms]:
-    """A sum's terms on the reduced graph's nodes; a node reduced to one strategy becomes
-    part of the constant."""
-    base += sum(float(m[0]) for v, m in terms if v not in index)
-    out: dict[int, np.ndarray] = {}
-    for v, m in terms:
-        if v in index:
-            out[index[v]] = out.get(index[v], 0) + m
-    return base, sorted(out.items())
-
-
-def _key(base: float, terms: Terms) -> tuple:
-    return round(base), tuple((v, tuple(np.round(m).astype(np.int64))) for v, m in terms)
-
-
-def _dominated(profile: np.ndarray) -> np.ndarray:
-    """Rows that another row matches or beats in every column (of equal rows, the first
-    stays)."""
-    n = len(profile)
-    drop = np.zeros(n, dtype=bool)
-    order = np.arange(n)
-    for i in range(n):
-        if drop[i]:
-            continue
-        beats = np.all(profile[i] <= profile + _EPS, axis=1)
-        equal = np.all(np.abs(profile - profile[i]) <= _EPS, axis=1)
-        drop |= beats & (~equal | (order > i)) & (order != i)
-    return drop
-
-
-# ---- solving ---------------------------------------------------------------------------------
 
 def greedy(graph: StrategyGraph) -> list[int]:
     """Each node in order takes the strategy cheapest given the nodes already chosen: the warm
@@ -503,8 +190,8 @@ def _solve_scip(g: StrategyGraph, time_limit: float, gap_limit: float, seed: int
                 for cc, name in enumerate(row):
                     model.setSolVal(sol, by_name[name], 1.0 if (rr, cc) == (r, c) else 0.0)
         for top, p in tops:
-            model.setSolVal(sol, by_name[top], max(c + _sum(t, warm) for c, t in p.largest)
-                            / g.budget)
+            top_bytes = max(c + terms_sum(t, warm) for c, t in p.largest)
+            model.setSolVal(sol, by_name[top], top_bytes / g.budget)
         model.addSol(sol)
     model.optimize()
     if model.getNSols() == 0:
@@ -584,32 +271,3 @@ def min_peak_memory(graph: StrategyGraph, time_limit: float = 30.0) -> float:
     model.setObjective(peak)
     model.optimize()
     return float(model.getObjVal()) * scale if model.getNSols() else float("inf")
-
-
-def brute_force(graph: StrategyGraph) -> tuple[list[int] | None, float]:
-    """Exhaustive search, for tests: the best feasible assignment and its objective."""
-    sizes = [len(c) for c in graph.node_costs]
-    combos = np.array(list(itertools.product(*[range(n) for n in sizes])), dtype=np.int64)
-    combos = combos.reshape(max(len(combos), 1), len(sizes))
-    value = np.zeros(len(combos))
-    for v, c in enumerate(graph.node_costs):
-        value += c[combos[:, v]]
-    for (u, v), m in graph.edges.items():
-        value += m[combos[:, u], combos[:, v]]
-    ok = np.ones(len(combos), dtype=bool)
-    for u, v, allowed in graph.ties:
-        ok &= allowed[combos[:, u], combos[:, v]]
-    if graph.budget is not None:
-        for p in graph.memory_points:
-            def used(base, terms):
-                out = np.full(len(combos), base)
-                for v, m in terms:
-                    out += m[combos[:, v]]
-                return out
-            top = np.max([used(c, t) for c, t in p.largest], axis=0) if p.largest else 0.0
-            ok &= used(p.base, p.terms) + top <= graph.budget * (1 + 1e-9)
-    if not ok.any():
-        return None, float("inf")
-    value = np.where(ok, value, np.inf)
-    best = int(np.argmin(value))
-    return [int(x) for x in combos[best]], float(value[best])

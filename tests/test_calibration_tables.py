@@ -60,7 +60,13 @@ def test_tables_interpolate_in_log_space_and_extrapolate_at_the_end_throughput()
 def test_the_cost_model_prices_from_the_tables_where_it_has_them(tmp_path):
     c = load_cluster(cluster(tmp_path))
     across = CostModel(c, LogicalMesh((2, 2), (0, 1, 2, 3)))  # axis 0 crosses the nodes
-    assert across.collective("all-reduce", 1024, (0,)) == pytest.approx(1e-4)
+    alone = CostModel(c, LogicalMesh((2,), (0, 2)))  # one device of each node
+    assert alone.collective("all-reduce", 1024, (0,)) == pytest.approx(1e-4)
+    # the table was measured one group at a time: two groups at once share each node's link,
+    # priced as one group carrying both groups' bytes
+    assert across.collective("all-reduce", 1024, (0,)) == pytest.approx(
+        alone.collective("all-reduce", 2048, (0,)))
+    assert across.collective("all-reduce", 1048576, (0,)) == pytest.approx(1e-2)
     # a group size not measured: the nearest measured one, scaled by the ring formula
     four = across.collective("all-reduce", 1048576, (0, 1))
     ring = lambda n: 2 * ((n - 1) * 50e-6 + (n - 1) / n * 1048576 / 1e9)  # noqa: E731

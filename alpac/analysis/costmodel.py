@@ -18,12 +18,16 @@ XLA's auto-sharding costs, nothing is rounded to integers.
 
 A calibrated cluster (`alpac calibrate`, alpac/plan/calibration.py) replaces these formulas by
 its measured tables where it has one: dots by FLOPs, elementwise work and reductions by bytes,
-each collective by link kind, group size and bytes, point-to-point sends by bytes. The tables
-hold work inside a module (measured repeated within one execution); launching a module is
-counted once per module execution instead, with each array it returns (`launch_seconds`).
-They were measured with every device of the calibration working; where its `concurrency`
-table says devices share a host (virtual CPU devices), compute (and launching) on a cluster
-cut to fewer devices (a plan that leaves the rest idle) costs that table's share.
+each collective by link kind, group size and bytes, point-to-point sends by bytes. Across
+nodes a collective was measured one group at a time: where a mesh runs several groups across
+one node's link at once (data parallelism across nodes beside tensor parallelism inside
+them), each is priced as one group carrying all their bytes (inside a node every device was
+in a group when measured). The tables hold work inside a module (measured repeated within
+one execution); launching a module is counted once per module execution instead, with each
+array it returns (`launch_seconds`). They were measured with every device of the
+calibration working; where its `concurrency` table says devices share a host (virtual CPU
+devices), compute (and launching) on a cluster cut to fewer devices (a plan that leaves the
+rest idle) costs that table's share.
 """
 
 from __future__ import annotations
@@ -53,13 +57,14 @@ class CostModel:
         calibration = cluster.calibration
         self._share = calibration.compute_share(cluster.num_devices) if calibration else 1.0
 
-    def _link(self, axes: tuple[int, ...]) -> tuple[object, str]:
-        """The link a collective over `axes` uses, and its kind (intra_node or inter_node)."""
+    def _link(self, axes: tuple[int, ...]) -> tuple[object, str, int]:
+        """The link a collective over `axes` uses, its kind (intra_node or inter_node), and
+        how many of its groups cross that node's link at once."""
         found = self._links.get(axes)
         if found is None:
-            crosses = self.mesh.axis_crosses_nodes(axes, self.cluster)
-            kind = "inter_node" if crosses else "intra_node"
-            found = self._links[axes] = (self.cluster.effective_link(kind), kind)
+            sharing = self.mesh.groups_leaving_a_node(axes, self.cluster)
+            kind = "inter_node" if sharing else "intra_node"
+            found = self._links[axes] = (self.cluster.effective_link(kind), kind, sharing)
         return found
 
     def group_size(self, axes) -> int:
@@ -72,11 +77,12 @@ class CostModel:
         n = self.group_size(axes)
         if n <= 1 or nbytes <= 0:
             return 0.0
-        link, where = self._link(axes)
+        link, where, sharing = self._link(axes)
         calibration = self.cluster.calibration
         if calibration is not None:
+            carried = nbytes * max(sharing, 1)  # across nodes: every group's bytes at once
             measured = calibration.collective_seconds(
-                where, kind, n, nbytes, lambda m: _ring(kind, nbytes, m, link))
+                where, kind, n, carried, lambda m: _ring(kind, carried, m, link))
             if measured is not None:
                 return measured
         return _ring(kind, nbytes, n, link)

@@ -67,8 +67,15 @@ class LogicalMesh:
 
     def axis_crosses_nodes(self, axes: tuple[int, ...], cluster) -> bool:
         """Whether a collective over `axes` has participants on different nodes."""
+        return self.groups_leaving_a_node(axes, cluster) > 0
+
+    def groups_leaving_a_node(self, axes: tuple[int, ...], cluster) -> int:
+        """How many groups of a collective over `axes` reach from one node to another at
+        once, counted at the node most have members on: they share its link."""
+        per_node: dict[int, int] = {}
         for group in self.groups(axes):
             nodes = {cluster.node_of(self.devices[p]) for p in group}
             if len(nodes) > 1:
-                return True
-        return False
+                for node in nodes:
+                    per_node[node] = per_node.get(node, 0) + 1
+        return max(per_node.values(), default=0)

@@ -49,27 +49,26 @@ def liveness_points(values: list, birth: dict[int, int], death: dict[int, int],
         positions.append(max(births))
     # sweep the positions once: a value is added where its interval starts and taken away
     # after it ends (bytes are whole numbers, so the running sums stay exact)
-    starts: dict[int, list] = {}
-    ends: dict[int, list] = {}
+    changes: dict[int, list] = {}  # position index -> (node, bytes per strategy, +1 / -1)
     for v in values:
         first = bisect.bisect_left(positions, birth[id(v)])
         after = bisect.bisect_right(positions, death[id(v)])
         if first < after:
-            starts.setdefault(first, []).append(v)
-            ends.setdefault(after, []).append(v)
+            tiles = tile_bytes(v, mesh_shape)
+            changes.setdefault(first, []).append((v.node, tiles, 1))
+            changes.setdefault(after, []).append((v.node, -tiles, -1))
     base, terms, live = 0.0, {}, {}
     points = []
     for k in range(len(positions)):
-        for v, sign in [(v, -1) for v in ends.get(k, ())] + [(v, 1) for v in starts.get(k, ())]:
-            tiles = sign * tile_bytes(v, mesh_shape)
-            if v.node is None:
+        for node, tiles, count in changes.get(k, ()):
+            if node is None:
                 base += float(tiles[0])
                 continue
-            live[v.node] = live.get(v.node, 0) + sign
-            if live[v.node]:
-                terms[v.node] = terms.get(v.node, 0) + tiles
+            live[node] = live.get(node, 0) + count
+            if live[node]:
+                terms[node] = terms.get(node, 0) + tiles
             else:
-                del live[v.node], terms[v.node]
+                del live[node], terms[node]
         points.append(MemoryPoint(base, sorted(terms.items())))
     return points
 

@@ -1,6 +1,8 @@
 """Predicted against measured: plans of the testdata training steps under several strategies,
 compiled for a calibrated cluster (`alpac calibrate`), run by `alpa-run`, and the estimate
-compared with the measured median iteration time (the first iteration excluded).
+compared with the measured median iteration time (the first iteration excluded), the median
+of several launches of each plan interleaved with the other plans' (on a shared 2-core machine
+one launch of a plan measured 1.7x another's of the same plan in the same run).
 
 Per plan: the estimate (plan.json `estimate.iteration_time_s`), the measurement, their ratio;
 per model: Kendall's tau between the estimated and the measured order of its plans; overall:
@@ -11,8 +13,8 @@ devices than the cluster (one device; an automatic plan that leaves devices idle
 they share the host's cores, per the calibration's concurrency table) runs on fewer ranks.
 
     python benchmarks/bench_fidelity.py [--cluster testdata/clusters/local-cpu-calibrated-np2.yaml]
-        [--ranks 2] [--devices-per-rank 4] [--iters 8] [--models mlp_train,gpt_train,bert_train]
-        [--output fidelity]
+        [--ranks 2] [--devices-per-rank 4] [--iters 8] [--rounds 3]
+        [--models mlp_train,gpt_train,bert_train] [--output fidelity]
 """
 
 from __future__ import annotations
@@ -48,26 +50,35 @@ def strategies(devices: int, per_rank: int) -> dict[str, list[str]]:
     return out
 
 
-def measure(model: str, flags: list[str], cluster: Path, ranks: int, k: int, iters: int,
-            tmp: Path) -> tuple[float, float, int, str]:
-    """(estimated, measured) seconds per iteration of one plan, the devices it uses and a
-    digest of its modules (two strategies may come to the same plan)."""
-    plan, report = tmp / "plan", tmp / "report.json"
+def compile_plan(model: str, flags: list[str], cluster: Path, plan: Path
+                 ) -> tuple[float, int, str]:
+    """The plan's estimated seconds per iteration, the devices it uses and a digest of its
+    modules (two strategies may come to the same plan)."""
     subprocess.run([str(BIN / "alpac"), "compile", str(ROOT / "testdata" / "models" /
                                                        f"{model}.hlo"), "--cluster",
                     str(cluster), "-o", str(plan), *flags], check=True, capture_output=True)
     planned = json.loads((plan / "plan.json").read_text())
-    estimate = planned["estimate"]["iteration_time_s"]
     used = 1 + max(d for s in planned["stages"] for d in s["mesh"]["devices"])
-    if used < ranks * k:  # a plan on fewer devices runs on fewer ranks (or one, smaller)
+    modules = hashlib.sha256(b"".join(f.read_bytes() for f in sorted(plan.glob("stage*.hlo"))))
+    return planned["estimate"]["iteration_time_s"], used, modules.hexdigest()
+
+
+def run_plan(plan: Path, used: int, ranks: int, k: int, iters: int) -> float:
+    """One `alpa-run` of the plan: the median iteration time, the first excluded. A plan on
+    fewer devices than the cluster runs on fewer ranks (or one, smaller)."""
+    if used < ranks * k:
         k = min(k, used)
         ranks = -(-used // k)
+    report = plan.parent / (plan.name + ".report.json")
     subprocess.run([str(BIN / "alpa-run"), str(plan), "--devices-per-rank", str(k), "--iters",
                     str(iters), "--report", str(report), "--quiet", "--", "np", str(ranks)],
-                   check=True, cwd=tmp, capture_output=True)
-    times = json.loads(report.read_text())["iteration_time_s"]
-    modules = hashlib.sha256(b"".join(f.read_bytes() for f in sorted(plan.glob("stage*.hlo"))))
-    return estimate, statistics.median(times[1:]), used, modules.hexdigest()
+                   check=True, cwd=plan.parent, capture_output=True)
+    return statistics.median(json.loads(report.read_text())["iteration_time_s"][1:])
+
+
+def _failure(e: subprocess.CalledProcessError) -> str:
+    said = (e.stderr or b"").decode(errors="replace").strip().splitlines()
+    return f"failed: {said[-1] if said else e.returncode}"
 
 
 def kendall_tau(xs: list[float], ys: list[float]) -> float:
@@ -88,27 +99,46 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=8)
     parser.add_argument("--models", default=MODELS)
     parser.add_argument("--output", default="fidelity", help="results/<output>.md and .json")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="alpa-run launches per plan, every plan once per round")
     args = parser.parse_args()
     devices = args.ranks * args.devices_per_rank
+    plans = [(model, name, flags) for model in args.models.split(",")
+             for name, flags in strategies(devices, args.devices_per_rank).items()]
+    with tempfile.TemporaryDirectory() as tmp:
+        compiled, runs, failed = {}, {}, {}
+        for i, (model, name, flags) in enumerate(plans):
+            try:
+                compiled[i] = compile_plan(model, flags, args.cluster, Path(tmp) / f"plan{i}")
+            except subprocess.CalledProcessError as e:
+                failed[i] = _failure(e)
+        for _ in range(args.rounds):  # interleaved: a slow spell of the machine hits all
+            for i, (est, used, _) in compiled.items():
+                if i not in failed:
+                    try:
+                        runs.setdefault(i, []).append(run_plan(
+                            Path(tmp) / f"plan{i}", used, args.ranks, args.devices_per_rank,
+                            args.iters))
+                    except subprocess.CalledProcessError as e:
+                        failed[i] = _failure(e)
     rows, taus, automatic = [], {}, []
     for model in args.models.split(","):
         estimates, measured, digests = [], {}, {}
-        for name, flags in strategies(devices, args.devices_per_rank).items():
-            with tempfile.TemporaryDirectory() as tmp:
-                try:
-                    est, got, used, digests[name] = measure(
-                        model, flags, args.cluster, args.ranks, args.devices_per_rank,
-                        args.iters, Path(tmp))
-                except subprocess.CalledProcessError as e:
-                    said = (e.stderr or b"").decode(errors="replace").strip().splitlines()
-                    rows.append({"model": model, "strategy": name, "devices": "-",
-                                 "estimate ms": "-", "measured ms": "-", "measured / estimate":
-                                 f"failed: {said[-1] if said else e.returncode}"})
-                    continue
+        for i, (m, name, _) in enumerate(plans):
+            if m != model:
+                continue
+            if i in failed:
+                rows.append({"model": model, "strategy": name, "devices": "-",
+                             "estimate ms": "-", "measured ms": "-", "launches ms": "-",
+                             "measured / estimate": failed[i]})
+                continue
+            est, used, digests[name] = compiled[i]
+            got = statistics.median(runs[i])
             estimates.append(est)
             measured[name] = got
             rows.append({"model": model, "strategy": name, "devices": str(used),
                          "estimate ms": f"{est * 1e3:.2f}", "measured ms": f"{got * 1e3:.2f}",
+                         "launches ms": " ".join(f"{t * 1e3:.2f}" for t in runs[i]),
                          "measured / estimate": f"{got / est:.2f}"})
             print(rows[-1], flush=True)
         taus[model] = kendall_tau(estimates, list(measured.values()))
@@ -118,15 +148,18 @@ def main() -> None:
             for other in ("data-parallel", "one device") if other in measured))
     errors = [abs(float(r["measured / estimate"]) - 1) for r in rows if r["estimate ms"] != "-"]
     summary = (f"Cluster file {args.cluster.name}, {args.ranks} ranks x "
-               f"{args.devices_per_rank} devices, {args.iters} iterations per run (the first "
-               f"excluded). |measured/estimate - 1|: median "
+               f"{args.devices_per_rank} devices; per plan {args.rounds} launches of alpa-run, "
+               f"interleaved with the other plans', {args.iters} iterations each (the first "
+               f"excluded): measured is the median of the launches' medians. "
+               f"|measured/estimate - 1|: median "
                f"{statistics.median(errors):.0%}, worst {max(errors):.0%}. Kendall tau per "
                "model: " + ", ".join(f"{m} {t:.2f}" for m, t in taus.items()) + ". "
                "The automatic plan's measured time over the data-parallel / the one-device "
                "plan's: " + ", ".join(automatic) + ". "
                f"`python benchmarks/bench_fidelity.py --cluster {args.cluster} --ranks "
                f"{args.ranks} --devices-per-rank {args.devices_per_rank} --models "
-               f"{args.models} --iters {args.iters} --output {args.output}` (from "
+               f"{args.models} --iters {args.iters} --rounds {args.rounds} --output "
+               f"{args.output}` (from "
                f"benchmarks/).")
     write_results(args.output, "Predicted against measured iteration time", rows, summary)
 

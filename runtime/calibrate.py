@@ -265,10 +265,8 @@ def _cpuinfo() -> list[str]:
 # ---- the calibrated file -------------------------------------------------------------------
 
 def tables(points: list[Point], seconds: list[float]) -> dict:
-    """The `calibration:` tables: per table, [size, seconds] rows in ascending size, a row
-    with several points (a dot level's shapes) their median; then no row costs more than a
-    larger one (on a shared machine a timing is sometimes slow throughout: gloo waiting a
-    scheduler tick, another job's burst)."""
+    """The `calibration:` tables: per table, [size, seconds] rows in ascending size, no row
+    costing more than a larger one (`_ascending`)."""
     rows: dict[tuple, dict[int, list[float]]] = {}
     for p, s in zip(points, seconds):
         rows.setdefault(p.table, {}).setdefault(p.size, []).append(s)
@@ -278,13 +276,30 @@ def tables(points: list[Point], seconds: list[float]) -> dict:
         for key in table[:-1]:
             node = node.setdefault(key, {})
         leaf = int(table[-1]) if table[0] == "collectives" else table[-1]
-        node[leaf] = [[size, statistics.median(by_size[size])] for size in sorted(by_size)]
-        for i in range(len(node[leaf]) - 2, -1, -1):
-            node[leaf][i][1] = min(node[leaf][i][1], node[leaf][i + 1][1])
+        node[leaf] = _ascending([(size, by_size[size]) for size in sorted(by_size)])
     for name in SCALARS:
         if name in out:
             out[name] = out[name][0][1]
     return out
+
+
+def _ascending(rows: list[tuple[int, list[float]]]) -> list[list]:
+    """[size, seconds] rows that never fall as the size grows, closest to the timings in
+    absolute error: neighbouring rows out of order are pooled and each takes the median of
+    the pool (isotonic median regression; a row of several timings, a dot level's shapes,
+    starts as its own pool). On a shared machine a timing is now and then off either way
+    (gloo waiting a scheduler tick, another job's burst; or one fast run of a larger size):
+    the median discards one such timing, where clamping each row to the next larger one
+    carried a single fast outlier down to every smaller size."""
+    pools: list[tuple[int, list[float]]] = []  # (rows pooled, their timings)
+    for _, timings in rows:
+        pools.append((1, list(timings)))
+        while len(pools) > 1 and statistics.median(pools[-2][1]) > \
+                statistics.median(pools[-1][1]):
+            (n, later), (m, earlier) = pools.pop(), pools.pop()
+            pools.append((m + n, earlier + later))
+    values = [statistics.median(timings) for n, timings in pools for _ in range(n)]
+    return [[size, value] for (size, _), value in zip(rows, values)]
 
 
 def fit_link(rows: list[list[float]]) -> dict[str, float]:

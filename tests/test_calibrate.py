@@ -106,3 +106,17 @@ def test_usage_errors(tmp_path, calibrated):
                           "measured with 2 ranks x 2 devices, not 3 x 2")
     assert_one_line_error(run("calibrate", "--check", tmp_path / "missing.yaml"),
                           "no such file")
+
+
+def test_tables_never_fall_with_size_and_shrug_off_one_fast_timing():
+    """Rows out of order are pooled at their median: one fast timing of a larger size (a
+    run that met no scheduler tick) no longer sets every smaller row, and a row of several
+    timings (a dot level's shapes) counts each of them."""
+    from alpac.runtime.calibrate import _ascending
+    rows = _ascending([(1024, [2.5e-3]), (4096, [2.3e-3]), (16384, [2.4e-3]),
+                       (65536, [0.6e-3]), (262144, [3.0e-3])])
+    assert [r[0] for r in rows] == [1024, 4096, 16384, 65536, 262144]
+    assert [r[1] for r in rows] == pytest.approx([2.35e-3] * 4 + [3.0e-3])
+    rows = _ascending([(1, [1.0, 2.0, 3.0]), (2, [5.0]), (3, [4.0]), (4, [6.0])])
+    assert [r[1] for r in rows] == [2.0, 4.5, 4.5, 6.0]
+    assert _ascending([(1, [1.0]), (2, [2.0])]) == [[1, 1.0], [2, 2.0]]

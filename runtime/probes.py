@@ -5,11 +5,13 @@ A point is one row of one table of cluster.yaml's `calibration:` section (a dot 
 three shapes, whose median is the row). Every figure is the median of repeated timings after
 a warm-up; work shorter than `TARGET` seconds is repeated inside one execution (a while loop
 whose trip count is an argument, so one compilation serves every count) and divided, so that
-the tables price the work itself and `launch_s` the launching of a module. Each iteration of
-that loop does the work `UNROLL` times over, kept apart by optimization barriers (no fusion
-across them): a GPU pays 15-30 µs per while-loop iteration (its condition read back by the
-host), which would otherwise be counted as every small kernel's cost. Rank 0 chooses the
-repeat count for every rank taking part, so that all run alike.
+the tables price the work itself and `launch_s` the launching of a module; collectives under
+multi-process jax are timed a few in a row per execution instead, as a plan's module runs
+them (`Rank._in_modules`). Each iteration of that loop does the work `UNROLL` times over, kept
+apart by optimization barriers (no fusion across them): a GPU pays 15-30 µs per while-loop
+iteration (its condition read back by the host), which would otherwise be counted as every
+small kernel's cost. Rank 0 chooses the repeat count for every rank taking part, so that all
+run alike.
 
 Every device works at once, as in a plan's run: each rank runs an SPMD program over all of
 its devices, and the ranks start each timing together (on CPU they share the cores; a device
@@ -410,18 +412,19 @@ class Rank:
         self.comm.watchdog.arm(f"in a {kind} of {g} devices", self.comm.timeout)
         try:
             return self._in_modules(mesh, step, x, count,
-                                    lambda run: per_op(run, self._agree(ranks)))
+                                    lambda run: per_op(run, self._agree(ranks)), across=True)
         finally:
             self.comm.watchdog.disarm()
 
-    def _in_modules(self, mesh, step, x, count: int, timed) -> float:
+    def _in_modules(self, mesh, step, x, count: int, timed, across: bool = False) -> float:
         """Seconds per collective under multi-process jax, timed as a plan's module runs them:
         `count` in a row per execution (ending in a sum: no large array returned), each
         execution waited for, less the launch of a module on the same devices. A CPU's gloo
         pays a scheduler tick per collective far more often so than back to back in a long
         loop: measured here, an all-gather among a rank's 2 devices 3-7 ms in a module of 4
         against 0.8-2.6 ms in a loop of 40, and the loop's figure priced a Megatron step at
-        half its measured time."""
+        half its measured time. gloo also keeps to a fast or a slow mode for minutes at a
+        time: two calibrations 40 minutes apart read 0.68 and 2.63 ms for that all-gather."""
         from jax.sharding import PartitionSpec as P
         jnp = self.jax.numpy
         spec = P(("o", "i"))
@@ -439,7 +442,7 @@ class Rank:
             for _ in range(count):
                 y = step(y)
             return jnp.sum(y, keepdims=True)
-        key = (tuple(d.id for d in mesh.devices.flat), timed is self._timed)
+        key = (tuple(d.id for d in mesh.devices.flat), across)
         if key not in self._launch_on:
             tiny = self.jax.make_array_from_callback(
                 (mesh.size,), self.jax.sharding.NamedSharding(mesh, spec),

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from alpac.analysis.costmodel import CostModel, launch_seconds
 from alpac.hlo import Module, print_module
 from alpac.interop.pipeline import assemble, role_modules
-from alpac.interop.pricing import pipelined_peak
-from alpac.interop.remat import checkpointed_layers
+from alpac.interop.pricing import pipelined_peak, role_seconds
+from alpac.interop.remat import checkpointed_layers, remat_split
 from alpac.interop.stage import ShardedStage, ShardedStages
 from alpac.interop.unroll import Unrolled
 from alpac.plan.program import Program, Role, single_stage_program
@@ -143,6 +143,22 @@ def _launch_seconds(program: Program, cluster) -> dict[int, tuple[float, float]]
     return {stage: (mb, step) for stage, (mb, step) in out.items()}
 
 
+def _forward_share(done: ShardedStage, program: Program, index: int, B: int,
+                   cluster) -> float:
+    """The forward module's part of the stage's forward and backward seconds per microbatch,
+    its launch included: where the predicted trace and `explain --against` split a stage's
+    time between its two modules."""
+    stage = done.stage.pipeline_stage
+    seconds = role_seconds(stage, done.sharding, remat_split(stage))
+    parts = {}
+    for role in (Role.FORWARD, Role.BACKWARD):
+        launches = sum(launch_seconds(cluster, len(m.outputs)) for m in program.modules
+                       if m.stage == index and m.role == role) if cluster is not None else 0.0
+        parts[role] = seconds[role] / B + launches
+    total = parts[Role.FORWARD] + parts[Role.BACKWARD]
+    return parts[Role.FORWARD] / total if total > 0 else 0.5
+
+
 def _remat_entry(stage) -> dict[str, str]:
     """Layer -> how its backward recomputes: the stage's choice, or `program` where the
     program recomputes itself (alpac then adds nothing)."""
@@ -183,7 +199,8 @@ def _pipelined(source: Module, sharded: ShardedStages, entries: list[dict],
             "static_bytes": figures.static_bytes,
             "transient_bytes": figures.transient_bytes,
             "activation_bytes_per_microbatch": figures.activation_bytes,
-            "microbatches_in_flight": in_flight, "peak_memory_bytes": peak})
+            "microbatches_in_flight": in_flight, "peak_memory_bytes": peak,
+            "forward_share": _forward_share(done, program, s, B, cluster)})
         times.append(figures.t)
         applies.append(figures.apply)
         peaks.append(peak)

@@ -174,14 +174,9 @@ def stage_figures(stage: "pl.StageModule", result, choice: dict | None = None) -
     module, recomputing as `choice` says (layer -> Remat; the stage's own when None): the
     backward pays the recomputed instructions once more and the microbatch keeps less."""
     B = max(stage.repeats.values(), default=1.0)
-    role = stage.role
-    seconds = result.seconds_by(lambda name: role.get(name, "shared"))
-    per_step = sum(v for k, v in seconds.items()
-                   if k in (Role.FORWARD, Role.BACKWARD, "shared"))
     split = remat_split(stage, choice)
-    if split.again:
-        per_step += sum(v for k, v in result.seconds_by(lambda name: name).items()
-                        if k in split.again)
+    seconds = role_seconds(stage, result, split)
+    per_step = seconds[Role.FORWARD] + seconds[Role.BACKWARD] + seconds["shared"]
     memory = stage_memory(stage, 1, split)
     per_value = result.bytes_by(lambda name: name)
     activation = sum(v for k, v in per_value.items() if k in memory.kept)
@@ -189,7 +184,20 @@ def stage_figures(stage: "pl.StageModule", result, choice: dict | None = None) -
                     default=0.0)
     params = sum(_param_bytes(result, p) for p in result.graph.module.entry.parameters
                  if p.name in memory.held)
-    return LayerCost(per_step / B, seconds.get(Role.APPLY, 0.0), params, activation, transient)
+    return LayerCost(per_step / B, seconds[Role.APPLY], params, activation, transient)
+
+
+def role_seconds(stage: "pl.StageModule", result, split: RematSplit) -> dict:
+    """Seconds per step of the stage's forward, backward (with what it recomputes under
+    `split`), update, and of the instructions several roles compute ("shared")."""
+    role = stage.role
+    seconds = result.seconds_by(lambda name: role.get(name, "shared"))
+    out = {key: seconds.get(key, 0.0)
+           for key in (Role.FORWARD, Role.BACKWARD, Role.APPLY, "shared")}
+    if split.again:
+        out[Role.BACKWARD] += sum(v for k, v in result.seconds_by(lambda name: name).items()
+                                  if k in split.again)
+    return out
 
 
 def stage_memory(stage: "pl.StageModule", in_flight: int, split: RematSplit) -> StageMemory:

@@ -25,8 +25,9 @@ from alpac.errors import UserError
 from alpac.plan.program import Role
 from alpac.plan.schedule import stage_tasks
 
-# plan.json gives one time per microbatch and stage, not split into forward and backward: a
-# backward computes two products (gradients of activations and of weights) per forward one.
+# The forward's part of a stage's time per microbatch where plan.json does not give it (a plan
+# written before `forward_share`): a backward computes two products (gradients of activations
+# and of weights) per forward one.
 FORWARD_SHARE = 1 / 3
 # distinct processes, so that a measured and a predicted file concatenate into one trace
 MEASURED_PID, PREDICTED_PID = 1, 2
@@ -98,16 +99,17 @@ def _stage_meshes(plan: dict) -> dict[int, int]:
     return {s["index"]: found.get(s["index"], s["index"]) for s in plan["stages"]}
 
 
-def module_estimates(plan: dict, forward_share: float = FORWARD_SHARE) -> dict[str, float]:
-    """Module name -> estimated seconds per execution (of the modules the plan prices)."""
+def module_estimates(plan: dict, forward_share: float | None = None) -> dict[str, float]:
+    """Module name -> estimated seconds per execution (of the modules the plan prices);
+    `forward_share` overrides each stage's split between its forward and backward."""
     by_stage = {s["index"]: s["estimate"] for s in plan["stages"]}
-    share = forward_share if _has_backward(plan) else 1.0
     out = {}
     for m in plan.get("program", {}).get("modules", []):
         est = by_stage.get(m["stage"], {})
         t = est.get("time_per_microbatch_s")
         received = _received(est)
         if t is not None and m["role"] in (Role.FORWARD, Role.BACKWARD):
+            share = _share(plan, est, forward_share)
             t -= received[0]
             seconds = t * share if m["role"] == Role.FORWARD else t * (1 - share)
         else:
@@ -147,7 +149,16 @@ def stage_busy_estimate(plan: dict, stage: dict) -> float:
         est.get("apply_s", 0.0) - per_step
 
 
-def predict(plan: dict, forward_share: float = FORWARD_SHARE) -> Prediction:
+def _share(plan: dict, est: dict, forward_share: float | None) -> float:
+    """The forward's part of a stage's time per microbatch: `forward_share` when given, else
+    the stage's own (plan.json), else `FORWARD_SHARE`; all of it without a backward."""
+    if not _has_backward(plan):
+        return 1.0
+    return forward_share if forward_share is not None else \
+        est.get("forward_share", FORWARD_SHARE)
+
+
+def predict(plan: dict, forward_share: float | None = None) -> Prediction:
     """The plan's schedule in time (a stage's receives from other stages are in its tasks'
     times, as alpa-run receives on the host between modules)."""
     meshes = _stage_meshes(plan)
@@ -181,15 +192,17 @@ def _has_backward(plan: dict) -> bool:
     return any(m["role"] == Role.BACKWARD for m in plan.get("program", {}).get("modules", []))
 
 
-def _pipeline_spans(plan: dict, forward_share: float) -> list[Span]:
+def _pipeline_spans(plan: dict, forward_share: float | None) -> list[Span]:
     """Each stage's tasks in schedule order, each once the stage is free and its inputs are."""
     stages = sorted(plan["stages"], key=lambda s: s["index"])
     S, B = len(stages), plan["num_micro_batches"]
-    share = forward_share if _has_backward(plan) else 1.0
     kind = plan.get("program", {}).get("schedule", "1f1b")
     order = stage_tasks(S, B, kind, _has_backward(plan))
-    seconds = [{Role.FORWARD: t * share, Role.BACKWARD: t * (1 - share)}
-               for t in (s["estimate"]["time_per_microbatch_s"] for s in stages)]
+    seconds = []
+    for s in stages:
+        est = s["estimate"]
+        t, share = est["time_per_microbatch_s"], _share(plan, est, forward_share)
+        seconds.append({Role.FORWARD: t * share, Role.BACKWARD: t * (1 - share)})
     done: dict[tuple, float] = {}
     free, pos, spans = [0.0] * S, [0] * S, []
     while any(pos[i] < len(order[i]) for i in range(S)):

@@ -113,7 +113,7 @@ def main() -> None:
             except subprocess.CalledProcessError as e:
                 failed[i] = _failure(e)
         for _ in range(args.rounds):  # interleaved: a slow spell of the machine hits all
-            for i, (est, used, _) in compiled.items():
+            for i, (_, used, _) in compiled.items():
                 if i not in failed:
                     try:
                         runs.setdefault(i, []).append(run_plan(

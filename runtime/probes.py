@@ -412,11 +412,11 @@ class Rank:
         self.comm.watchdog.arm(f"in a {kind} of {g} devices", self.comm.timeout)
         try:
             return self._in_modules(mesh, step, x, count,
-                                    lambda run: per_op(run, self._agree(ranks)), across=True)
+                                    lambda run: per_op(run, self._agree(ranks)))
         finally:
             self.comm.watchdog.disarm()
 
-    def _in_modules(self, mesh, step, x, count: int, timed, across: bool = False) -> float:
+    def _in_modules(self, mesh, step, x, count: int, timed) -> float:
         """Seconds per collective under multi-process jax, timed as a plan's module runs them:
         `count` in a row per execution (ending in a sum: no large array returned), each
         execution waited for, less the launch of a module on the same devices. A CPU's gloo
@@ -442,7 +442,9 @@ class Rank:
             for _ in range(count):
                 y = step(y)
             return jnp.sum(y, keepdims=True)
-        key = (tuple(d.id for d in mesh.devices.flat), across)
+        # a mesh's devices say how it is timed: one rank's own (every rank at once), or
+        # several ranks' (those ranks only)
+        key = tuple(d.id for d in mesh.devices.flat)
         if key not in self._launch_on:
             tiny = self.jax.make_array_from_callback(
                 (mesh.size,), self.jax.sharding.NamedSharding(mesh, spec),

@@ -49,7 +49,7 @@ def emit_plan(source: Module, sharded: ShardedStages, cluster=None,
                                        stages[0]["module"])
         program.layout = unrolled.layout() if unrolled else None
         _loop_iterations(program, stages)
-        launch = _launch_seconds(program, cluster).get(0, (0.0, 0.0))[1]
+        launch = _launch_seconds(_role_launches(program, cluster)).get(0, (0.0, 0.0))[1]
         stages[0]["estimate"]["launch_s"] = {"per_microbatch": 0.0, "per_step": launch}
         entries["program"] = program.to_dict()
         entries["estimate"] = {
@@ -128,35 +128,41 @@ def _receive_seconds(program: Program, meshes: list, cluster
     return {mesh: (mb, step) for mesh, (mb, step) in out.items()}
 
 
-def _launch_seconds(program: Program, cluster) -> dict[int, tuple[float, float]]:
-    """Stage -> seconds per microbatch and per step of launching its modules (a calibrated
-    cluster's `launch_seconds`): `launch_s` per execution, and `array_s` per array it returns
-    (the host's work per result; a small GPT's one-stage step returns ~200: its weights and
-    optimizer state)."""
+def _role_launches(program: Program, cluster) -> dict[tuple[int, str], float]:
+    """(stage, role) -> seconds of launching that stage's modules of that role once each (a
+    calibrated cluster's `launch_seconds`): `launch_s` per execution, and `array_s` per array
+    it returns (the host's work per result; a small GPT's one-stage step returns ~200: its
+    weights and optimizer state)."""
     if cluster is None:
         return {}
-    out: dict[int, list[float]] = {}
+    out: dict[tuple[int, str], float] = {}
     for m in program.modules:
-        seconds = launch_seconds(cluster, len(m.outputs))
-        per = out.setdefault(m.stage, [0.0, 0.0])
-        per[0 if m.role in (Role.FORWARD, Role.BACKWARD) else 1] += seconds
+        out[m.stage, m.role] = out.get((m.stage, m.role), 0.0) + \
+            launch_seconds(cluster, len(m.outputs))
+    return out
+
+
+def _launch_seconds(role_launches: dict[tuple[int, str], float]
+                    ) -> dict[int, tuple[float, float]]:
+    """Stage -> seconds per microbatch (its forward and backward modules) and per step (the
+    others) of launching its modules, from `_role_launches`."""
+    out: dict[int, list[float]] = {}
+    for (stage, role), seconds in role_launches.items():
+        per = out.setdefault(stage, [0.0, 0.0])
+        per[0 if role in (Role.FORWARD, Role.BACKWARD) else 1] += seconds
     return {stage: (mb, step) for stage, (mb, step) in out.items()}
 
 
-def _forward_share(done: ShardedStage, program: Program, index: int, B: int,
-                   cluster) -> float:
+def _forward_share(done: ShardedStage, launches: dict[tuple[int, str], float], B: int
+                   ) -> float:
     """The forward module's part of the stage's forward and backward seconds per microbatch,
     its launch included: where the predicted trace and `explain --against` split a stage's
     time between its two modules."""
-    stage = done.stage.pipeline_stage
+    stage, index = done.stage.pipeline_stage, done.stage.index
     seconds = role_seconds(stage, done.sharding, remat_split(stage))
-    parts = {}
-    for role in (Role.FORWARD, Role.BACKWARD):
-        launches = sum(launch_seconds(cluster, len(m.outputs)) for m in program.modules
-                       if m.stage == index and m.role == role) if cluster is not None else 0.0
-        parts[role] = seconds[role] / B + launches
-    total = parts[Role.FORWARD] + parts[Role.BACKWARD]
-    return parts[Role.FORWARD] / total if total > 0 else 0.5
+    forward, backward = (seconds[role] / B + launches.get((index, role), 0.0)
+                         for role in (Role.FORWARD, Role.BACKWARD))
+    return forward / (forward + backward) if forward + backward > 0 else 0.5
 
 
 def _remat_entry(stage) -> dict[str, str]:
@@ -185,7 +191,8 @@ def _pipelined(source: Module, sharded: ShardedStages, entries: list[dict],
     _loop_iterations(program, entries)
     S = len(sharded.stages)
     receives = _receive_seconds(program, [s.stage.mesh for s in sharded.stages], cluster)
-    launches = _launch_seconds(program, cluster)
+    role_launches = _role_launches(program, cluster)
+    launches = _launch_seconds(role_launches)
     times, applies, peaks = [], [], []
     for s, (done, entry) in enumerate(zip(sharded.stages, entries)):
         figures, in_flight, peak = pipelined_peak(done.stage.pipeline_stage, done.sharding,
@@ -200,7 +207,7 @@ def _pipelined(source: Module, sharded: ShardedStages, entries: list[dict],
             "transient_bytes": figures.transient_bytes,
             "activation_bytes_per_microbatch": figures.activation_bytes,
             "microbatches_in_flight": in_flight, "peak_memory_bytes": peak,
-            "forward_share": _forward_share(done, program, s, B, cluster)})
+            "forward_share": _forward_share(done, role_launches, B)})
         times.append(figures.t)
         applies.append(figures.apply)
         peaks.append(peak)

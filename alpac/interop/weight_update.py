@@ -13,7 +13,8 @@ every optimizer-state parameter (ZeRO-2) and zero="3" the weights too (gathered 
 as asked, even where that costs time.
 
 Pipeline stages are priced by per-layer ILPs that may already split the optimizer state
-wherever that is no slower, so in auto mode their choice stands and only the report is made.
+wherever that is no slower, so in auto mode their choice stands and only the report is made;
+so too for a whole step kept to its layers' shardings (a one-stage, one-microbatch pipeline).
 
 With microbatches, each microbatch's gradient is reduced (scattered, when rewritten) before
 it is accumulated; accumulating unreduced partial sums and reducing once per step is not
@@ -67,7 +68,7 @@ def _rewrite_stage(done: ShardedStage, assignment, split, cluster, zero: str,
     names = roles.optimizer_state | (roles.weights if zero == "3" else frozenset())
     entry["already_split"] = len(_split_parameters(done.sharding, names))
     if entry["already_split"] == len(names) or (
-            zero == "auto" and stage.pipeline_stage is not None):
+            zero == "auto" and (stage.pipeline_stage is not None or stage.hints)):
         # the ILP split them all itself, or the stage DP's layer ILPs, which were free to
         # split the optimizer state, chose where it pays
         entry["rewritten"] = _split_parameters(done.sharding, names)

@@ -120,17 +120,13 @@ def _whole_if_one(assignment: StageAssignment, whole) -> StageAssignment:
     """A pipeline of one stage and one microbatch that recomputes nothing is the whole step
     on that stage's mesh: one module per step (the `--mesh` plan of that mesh) instead of a
     forward, a backward and an update module with accumulators between them, which alpa-run
-    runs 1.3-2.8x slower on small steps (`benchmarks/results/fidelity.md`). Its ILP keeps
-    the shardings the layer ILPs chose, as the stage's would, so the plan is the one the DP
-    priced: searched afresh, the whole step's ILP and the weight update's re-solve took 49 s
-    and 58 s for a six-block scanned language model unrolled on 4x2 (for a 3% lower
-    estimate; 4% for the testdata GPT on 4x2: 60 s of compile instead of 19)."""
+    runs 1.3-2.8x slower on small steps (`benchmarks/results/fidelity.md`)."""
     if len(assignment.stages) != 1 or assignment.micro_batches != 1 or assignment.strategy:
         return assignment
     stage = assignment.stages[0]
     if any(mode != Remat.NONE for mode in stage.pipeline_stage.remat.values()):
         return assignment  # the recomputation is what makes it fit
-    return StageAssignment((whole(stage.mesh, hints=stage.hints),), runs_on=assignment.runs_on)
+    return StageAssignment((whole(stage.mesh),), runs_on=assignment.runs_on)
 
 
 def _shares_compute(cluster) -> bool:
@@ -175,10 +171,10 @@ def _mesh(text: str, cluster) -> LogicalMesh:
 
 
 def _whole_program(module, cluster):
-    def whole(mesh: LogicalMesh, stage_rule=None, hints=None) -> Stage:
+    def whole(mesh: LogicalMesh, stage_rule=None) -> Stage:
         nodes = {cluster.node_of(d) for d in mesh.devices}
         return Stage(0, mesh, module, None, (len(nodes), mesh.num_devices // len(nodes)),
-                     hints=hints, rule=stage_rule)
+                     rule=stage_rule)
     return whole
 
 

@@ -14,7 +14,7 @@ as asked, even where that costs time.
 
 Pipeline stages are priced by per-layer ILPs that may already split the optimizer state
 wherever that is no slower, so in auto mode their choice stands and only the report is made;
-so too for a whole step kept to its layers' shardings (a one-stage, one-microbatch pipeline).
+so too for a stage whose ILP had no filter (its choices already included every split).
 
 With microbatches, each microbatch's gradient is reduced (scattered, when rewritten) before
 it is accumulated; accumulating unreduced partial sums and reducing once per step is not
@@ -68,9 +68,10 @@ def _rewrite_stage(done: ShardedStage, assignment, split, cluster, zero: str,
     names = roles.optimizer_state | (roles.weights if zero == "3" else frozenset())
     entry["already_split"] = len(_split_parameters(done.sharding, names))
     if entry["already_split"] == len(names) or (
-            zero == "auto" and (stage.pipeline_stage is not None or stage.hints)):
-        # the ILP split them all itself, or the stage DP's layer ILPs, which were free to
-        # split the optimizer state, chose where it pays
+            zero == "auto" and (stage.pipeline_stage is not None or base is None)):
+        # the ILP split them all itself, or an ILP free to split the optimizer state (the
+        # stage DP's layer ILPs, or this one: without a filter, update_rule's "auto" is the
+        # same ILP) chose where it pays
         entry["rewritten"] = _split_parameters(done.sharding, names)
         return done, entry
     allow = update_rule(roles, stage.mesh.shape, zero, base)

@@ -139,3 +139,18 @@ def test_megatron_rule_splits_batch_over_dp_and_weights_over_tp(mesh_shape, batc
     assert allowed(batch) == {batch_split}
     assert weight_split in allowed(weight)
     assert all("S0" not in s for s in allowed(weight))
+
+
+def test_zero_auto_without_a_filter_allows_every_strategy():
+    """Why a stage whose ILP had no filter keeps its weight update under zero=auto: the
+    re-solve's filter would accept every strategy of every parameter, split or not, so it
+    would be the same ILP again."""
+    from alpac.intraop.rules import Roles, update_rule
+    from alpac.intraop.strategies import parameter_strategies
+
+    module = parse_hlo((TESTDATA / "models" / "gpt_train.hlo").read_text())
+    params = [x for x in module.entry.instructions if x.opcode == "parameter"]
+    roles = Roles({}, frozenset(), frozenset(x.name for x in params))
+    allow = update_rule(roles, (2, 2), "auto", None)
+    verdicts = [allow(x, (), s) for x in params for s in parameter_strategies(x, (2, 2))]
+    assert all(verdicts) and len(verdicts) > 2 * len(params)

@@ -1,7 +1,7 @@
 """Programs written by others (testdata/zoo): a sample of them compiles and runs under
 alpa-run equal to its front end's own result, one configuration per program (every program in
-every configuration: `make zoo`, ~45 minutes); the corpus modules given before partitioning
-compile for the DGX cluster."""
+every configuration: `make zoo`); the corpus modules given before partitioning compile for the
+DGX cluster."""
 
 import json
 
@@ -24,7 +24,7 @@ SAMPLE = ("flax_scan_lm_fwd", "flax_scan_lm_train", "flax_scan_remat_lm_train",
 
 @pytest.mark.parametrize("index,name", [(k, p) for k, p in enumerate(PROGRAMS) if p in SAMPLE])
 def test_zoo_program_runs_exact(index, name, tmp_path):
-    config = CONFIGS[index % len(CONFIGS)]  # the configuration `make zoo` tests it in first
+    config = CONFIGS[index % len(CONFIGS)]  # in turn by position among all the programs
     outcome = zoo.run_one(name, config, tmp_path)
     assert outcome.status == "exact", (config, outcome.reason, outcome.worst)
 

@@ -20,9 +20,10 @@ SAMPLE = ("flax_scan_lm_fwd", "flax_scan_lm_train", "flax_scan_remat_lm_train",
           "hf_bert_fwd", "hf_bert_remat_train", "hf_electra_train", "hf_gpt2_train",
           "hf_llama_train", "hf_resnet_train", "hf_t5_fwd", "hf_vit_fwd",
           *(p for p in PROGRAMS if p.startswith(("opc_", "tf_", "torch_"))))
+SAMPLED = [(k, p) for k, p in enumerate(PROGRAMS) if p in SAMPLE]  # (position, name)
 
 
-@pytest.mark.parametrize("index,name", [(k, p) for k, p in enumerate(PROGRAMS) if p in SAMPLE])
+@pytest.mark.parametrize("index,name", SAMPLED)
 def test_zoo_program_runs_exact(index, name, tmp_path):
     config = CONFIGS[index % len(CONFIGS)]  # in turn by position among all the programs
     outcome = zoo.run_one(name, config, tmp_path)
@@ -35,9 +36,8 @@ def test_zoo_covers_three_front_ends():
 
 
 def test_the_sample_covers_every_configuration_and_front_end():
-    sampled = [(k, p) for k, p in enumerate(PROGRAMS) if p in SAMPLE]
-    assert len(sampled) == len(SAMPLE)  # every sampled name is a zoo program
-    assert {CONFIGS[k % len(CONFIGS)] for k, _ in sampled} == set(CONFIGS)
+    assert len(SAMPLED) == len(SAMPLE)  # every sampled name is a zoo program
+    assert {CONFIGS[k % len(CONFIGS)] for k, _ in SAMPLED} == set(CONFIGS)
     manifest = zoo.manifest()
     assert {manifest[p]["frontend"] for p in SAMPLE} == {i["frontend"] for i in manifest.values()}
 

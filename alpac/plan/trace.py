@@ -103,13 +103,14 @@ def module_estimates(plan: dict, forward_share: float | None = None) -> dict[str
     """Module name -> estimated seconds per execution (of the modules the plan prices);
     `forward_share` overrides each stage's split between its forward and backward."""
     by_stage = {s["index"]: s["estimate"] for s in plan["stages"]}
+    backward = _has_backward(plan)
     out = {}
     for m in plan.get("program", {}).get("modules", []):
         est = by_stage.get(m["stage"], {})
         t = est.get("time_per_microbatch_s")
         received = _received(est)
         if t is not None and m["role"] in (Role.FORWARD, Role.BACKWARD):
-            share = _share(plan, est, forward_share)
+            share = _share(est, forward_share, backward)
             t -= received[0]
             seconds = t * share if m["role"] == Role.FORWARD else t * (1 - share)
         else:
@@ -149,10 +150,11 @@ def stage_busy_estimate(plan: dict, stage: dict) -> float:
         est.get("apply_s", 0.0) - per_step
 
 
-def _share(plan: dict, est: dict, forward_share: float | None) -> float:
+def _share(est: dict, forward_share: float | None, backward: bool) -> float:
     """The forward's part of a stage's time per microbatch: `forward_share` when given, else
-    the stage's own (plan.json), else `FORWARD_SHARE`; all of it without a backward."""
-    if not _has_backward(plan):
+    the stage's own (plan.json), else `FORWARD_SHARE`; all of it in a plan without a
+    backward."""
+    if not backward:
         return 1.0
     return forward_share if forward_share is not None else \
         est.get("forward_share", FORWARD_SHARE)
@@ -197,11 +199,12 @@ def _pipeline_spans(plan: dict, forward_share: float | None) -> list[Span]:
     stages = sorted(plan["stages"], key=lambda s: s["index"])
     S, B = len(stages), plan["num_micro_batches"]
     kind = plan.get("program", {}).get("schedule", "1f1b")
-    order = stage_tasks(S, B, kind, _has_backward(plan))
+    backward = _has_backward(plan)
+    order = stage_tasks(S, B, kind, backward)
     seconds = []
     for s in stages:
         est = s["estimate"]
-        t, share = est["time_per_microbatch_s"], _share(plan, est, forward_share)
+        t, share = est["time_per_microbatch_s"], _share(est, forward_share, backward)
         seconds.append({Role.FORWARD: t * share, Role.BACKWARD: t * (1 - share)})
     done: dict[tuple, float] = {}
     free, pos, spans = [0.0] * S, [0] * S, []

@@ -1,11 +1,11 @@
-"""Predicted against measured on a GPU: the plans `gpu_check.sh` ran on one NVIDIA H200
-(alpa-run reports in benchmarks/results/gpu/), priced here for the calibrated file that run
-measured (testdata/clusters/h200-calibrated.yaml). Compiling is deterministic and needs no
-GPU, so the estimates follow the cost model as it is now while the measurements stay those
-of the run.
+"""Predicted against measured on a GPU: the plans `gpu_check.sh` ran on one NVIDIA H200 and on
+one H100 (alpa-run reports in benchmarks/results/gpu_h200/ and gpu_h100/), priced here for the
+calibrated file each run measured (testdata/clusters/h200-calibrated.yaml, h100-calibrated.yaml).
+Compiling is deterministic and needs no GPU, so the estimates follow the cost model as it is
+now while the measurements stay those of the run.
 
-    python benchmarks/bench_gpu_fidelity.py            # the table, from the committed reports
-    python benchmarks/bench_gpu_fidelity.py --run OUT  # on the GPU: compile, alpa-run each case
+    python benchmarks/bench_gpu_fidelity.py --gpu h100   # the table, from the committed reports
+    python benchmarks/bench_gpu_fidelity.py --run OUT    # on the GPU: compile, alpa-run each case
 """
 
 from __future__ import annotations
@@ -20,8 +20,11 @@ from pathlib import Path
 
 from common import ROOT, write_results
 
-CLUSTER = ROOT / "testdata" / "clusters" / "h200-calibrated.yaml"
-REPORTS = ROOT / "benchmarks" / "results" / "gpu"
+# the GPUs measured: name, calibrated file, the run's reports (with gpu_check.sh's rounding.json)
+GPUS = {"h200": ("H200", ROOT / "testdata" / "clusters" / "h200-calibrated.yaml",
+                 ROOT / "benchmarks" / "results" / "gpu_h200"),
+        "h100": ("H100", ROOT / "testdata" / "clusters" / "h100-calibrated.yaml",
+                 ROOT / "benchmarks" / "results" / "gpu_h100")}
 # case -> (model, ranks sharing the GPU, `alpac compile` flags)
 CASES = {
     "mlp_train": ("mlp_train", 1, []),
@@ -58,7 +61,7 @@ def compile_case(alpac: list[str], case: str, cluster: Path, tmp: Path) -> Path:
     return plan
 
 
-def row(case: str, plan: Path, report: dict) -> dict:
+def row(case: str, plan: Path, report: dict, floors: dict) -> dict:
     planned = json.loads((plan / "plan.json").read_text())
     estimate = planned["estimate"]["iteration_time_s"]
     measured = statistics.median(report["iteration_time_s"][1:])
@@ -69,7 +72,8 @@ def row(case: str, plan: Path, report: dict) -> dict:
             "ratio": measured / estimate, "busiest_stage_estimate_s": stage_estimate,
             "busiest_mesh_busy_s": busy, "busy_ratio": busy / stage_estimate,
             "max_rel_error": max((check.get("max_rel_error") or {0: 0.0}).values()),
-            "check_passed": check.get("passed")}
+            "check_passed": check.get("passed"),
+            "rounding_floor": floors.get((CASES[case][0], len(report["iteration_time_s"])))}
 
 
 def shown(r: dict) -> dict:
@@ -80,8 +84,10 @@ def shown(r: dict) -> dict:
             "busiest stage: estimate ms": round(r["busiest_stage_estimate_s"] * 1e3, 2),
             "its mesh busy ms": round(r["busiest_mesh_busy_s"] * 1e3, 2),
             "busy / estimate": round(r["busy_ratio"], 2),
-            "check": f"{'passed' if r['check_passed'] else 'FAILED'} "
-                     f"({r['max_rel_error']:.2g})"}
+            "check (rtol 1e-5)": f"{'passed' if r['check_passed'] else 'FAILED'} "
+                                 f"({r['max_rel_error']:.2g})",
+            "rounding floor": "-" if r["rounding_floor"] is None
+            else f"{r['rounding_floor']:.2g}"}
 
 
 def run_cases(out: Path, cluster: Path, platform: str, mpiexec: str | None,
@@ -112,34 +118,48 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--run", type=Path, metavar="OUT",
                     help="run every case on this machine's devices, reports into OUT")
-    ap.add_argument("--cluster", type=Path, default=CLUSTER, help="the calibrated file")
+    ap.add_argument("--cluster", type=Path, default=GPUS["h100"][1],
+                    help="the calibrated file (with --run)")
     ap.add_argument("--platform", default="gpu", help="alpa-run --platform (with --run)")
     ap.add_argument("--mpiexec", help="alpa-run --mpiexec (with --run)")
     ap.add_argument("--iters", type=int, default=6, help="alpa-run --iters (with --run)")
+    ap.add_argument("--gpu", choices=GPUS, default="h100", help="whose committed run to price")
     args = ap.parse_args()
     if args.run:
         run_cases(args.run, args.cluster, args.platform, args.mpiexec, args.iters)
         return
+    price(args.gpu)
+
+
+def price(gpu: str) -> None:
+    """The committed run of one GPU against the estimates of today's cost model."""
+    name, cluster, reports = GPUS[gpu]
+    rounding = reports / "rounding.json"
+    floors = {(r["module"], r["iterations"]): r["max_rel_error"]
+              for r in (json.loads(rounding.read_text()) if rounding.exists() else [])}
     rows = []
     alpac = [sys.executable, "-m", "alpac.cli"]
     with tempfile.TemporaryDirectory() as tmp:
         for case in CASES:
-            report = REPORTS / f"{case}.report.json"
+            report = reports / f"{case}.report.json"
             if report.exists():
-                plan = compile_case(alpac, case, args.cluster, Path(tmp))
-                rows.append(row(case, plan, json.loads(report.read_text())))
+                plan = compile_case(alpac, case, cluster, Path(tmp))
+                rows.append(row(case, plan, json.loads(report.read_text()), floors))
     errors = [abs(r["ratio"] - 1) for r in rows]
     busy = [abs(r["busy_ratio"] - 1) for r in rows]
-    iters = len(json.loads(next(REPORTS.glob("*.report.json")).read_text())["iteration_time_s"])
-    notes = (f"{len(rows)} plans measured on one NVIDIA H200 (`benchmarks/gpu_check.sh`, "
+    iters = len(json.loads(next(reports.glob("*.report.json")).read_text())["iteration_time_s"])
+    notes = (f"{len(rows)} plans measured on one NVIDIA {name} (`benchmarks/gpu_check.sh`, "
              f"alpa-run, {iters} iterations, the first excluded), priced for "
-             "`testdata/clusters/h200-calibrated.yaml` by the cost model as it is now. "
+             f"`{cluster.relative_to(ROOT)}` by the cost model as it is now. "
              f"|measured/estimate - 1| of the iteration: median {statistics.median(errors):.0%}, "
              f"worst {max(errors):.0%}; of the busiest stage's busy time: median "
-             f"{statistics.median(busy):.0%}, worst {max(busy):.0%}. "
-             "`cd benchmarks && PYTHONPATH=.. python bench_gpu_fidelity.py`.")
-    write_results("gpu_fidelity", "Predicted against measured on an H200",
-                  [shown(r) for r in rows], notes)
+             f"{statistics.median(busy):.0%}, worst {max(busy):.0%}. The check's error is "
+             "against the original module on the GPU; the rounding floor is what that module "
+             "on the GPU and on the CPU differ by after as many steps (`gpu_rounding.py`; "
+             "alpa-run's --check now passes an error within it). "
+             f"`cd benchmarks && PYTHONPATH=.. python bench_gpu_fidelity.py --gpu {gpu}`.")
+    write_results(f"gpu_fidelity_{gpu}",
+                  f"Predicted against measured on an {name}", [shown(r) for r in rows], notes)
 
 
 if __name__ == "__main__":

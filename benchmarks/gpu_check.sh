@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# The GPU checks of `alpac calibrate` and `alpa-run` on one NVIDIA GPU (benchmarks/results/gpu/):
+# The GPU checks of `alpac calibrate` and `alpa-run` on one NVIDIA GPU
+# (benchmarks/results/gpu_<name>/):
 #   1. alpac calibrate on the GPU (-- np 1) -> OUT/gpu-calibrated.yaml, and --check of it
 #   2. testdata training steps compiled for that file and run by alpa-run --check --report,
 #      one rank on the GPU, and a two-stage pipeline of two ranks sharing it (MPI between
 #      the stages); alpac explain --against each run (bench_gpu_fidelity.py --run; the same
 #      script, without --run, prices the committed reports for the cost model of the day).
+#   3. the rounding floor of --check (gpu_rounding.py): the original modules on the GPU against
+#      the CPU after 1 and ITERS steps; the microbatched plans checked after one step, and on
+#      the CPU against the CPU's reference.
 # Usage: benchmarks/gpu_check.sh OUT [WHEELS]   (WHEELS: a folder of wheels to install first,
 # for a machine whose Python lacks alpac's dependencies. ALPAC_PLATFORM=cpu
 # CALIBRATE_OPTIONS=--quick tries it on CPU; ITERS=N runs each plan N iterations, default 6;
@@ -65,4 +69,15 @@ fi
 echo "== 2. alpa-run --check with the calibrated file"
 PYTHONPATH=benchmarks${PYTHONPATH:+:$PYTHONPATH} timeout 1200 $PY benchmarks/bench_gpu_fidelity.py \
   --run "$OUT" --cluster "$CLUSTER" --platform "$PLATFORM" --iters "${ITERS:-6}" ${MPIEXEC:-}
+echo "== 3. rounding: the original modules on the GPU against the CPU"
+timeout 300 $PY benchmarks/gpu_rounding.py testdata/models/{mlp,gpt,bert,moe,wresnet}_train.hlo \
+  --iters 1 "${ITERS:-6}" --json "$OUT/rounding.json"
+for case in gpt_train_mb4:1 gpt_train_pp2:2; do
+  for how in "--platform $PLATFORM --iters 1" "--platform cpu --iters ${ITERS:-6}"; do
+    echo "-- ${case%:*}: alpa-run --check $how"
+    CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} timeout 120 $PY -m alpac.runtime.launcher \
+      "$OUT/plans/${case%:*}" ${MPIEXEC:-} --check $how \
+      -- np "${case#*:}" 2>&1 | grep -A1 "check\|Error"
+  done
+done
 echo "== done"

@@ -191,9 +191,8 @@ def worker(phase: str, work: Path) -> int:
     """One rank of one phase (under mpiexec): measure its points, gather them to rank 0."""
     spec = json.loads((work / "points.json").read_text())
     opts = Options(**spec["options"])
-    from alpac.runtime.worker import configure_devices
-    platform = configure_devices(spec["k"], opts.platform)
     from alpac.runtime.comm import Comm, describe, fail
+    from alpac.runtime.worker import configure_devices
     comm = Comm(opts.timeout)
     status = os.environ.get(STATUS_ENV)
     if status:  # lets the launcher name a rank that dies without a word
@@ -201,6 +200,7 @@ def worker(phase: str, work: Path) -> int:
     try:
         points = [Point(tuple(p["table"]), p["size"], tuple(p["shape"]), p["phase"])
                   for p in spec["points"]]
+        platform = configure_devices(spec["k"], opts.platform)  # before jax is imported
         _measure(comm, phase, work, points, spec["k"], platform, opts.timeout)
         if status:
             (Path(status) / f"done.rank{comm.rank}").write_text("0")

@@ -13,7 +13,9 @@ iteration, `peak_live_microbatches`, `schedule_max_live_microbatches`),
 `bytes_between_steps` (aliased outputs moved to another mesh for the next step),
 `transfer_time_s`, `modules` (per module that ran: `name`, `stage`, `role`, `mesh`,
 `executions_per_step`, `median_s` per execution over every rank and iteration), and when
-`--check` ran `check` (`rtol`, `max_rel_error`: per output `out<k>` and `overall`, `passed`).
+`--check` ran `check` (`rtol`, `max_rel_error`: per output `out<k>` and `overall`, `passed`;
+`rounding_floor`: on an accelerator, what the original module on it and on the host's CPU
+differ by, `devices` and `max_rel_error`, else null).
 """
 
 from __future__ import annotations
@@ -162,8 +164,11 @@ def render(report: dict, console) -> None:
         worst = sorted(((k, v) for k, v in errs.items() if k != "overall"),
                        key=lambda kv: -kv[1])[:5]
         status = "[green]passed[/]" if check["passed"] else "[red bold]FAILED[/]"
+        floor = check.get("rounding_floor")
+        within = (f"; the original module on {floor['devices']} differs by "
+                  f"{floor['max_rel_error']:.3g}: the rounding floor" if floor else "")
         console.print(f"check against one device: max relative error {errs['overall']:.3g} "
-                      f"(rtol {check['rtol']:g}) {status}; worst: " +
+                      f"(rtol {check['rtol']:g}{within}) {status}; worst: " +
                       ", ".join(f"{k} {v:.3g}" for k, v in worst))
 
 

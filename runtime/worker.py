@@ -59,7 +59,6 @@ class SetupError(Exception):
 
 
 def main(opts: Options) -> int:
-    platform = configure_devices(opts.devices_per_rank, opts.platform)
     from alpac.runtime.comm import Comm, describe, fail
     from alpac.runtime.status import STATUS_ENV
     comm = Comm(opts.timeout)
@@ -69,8 +68,8 @@ def main(opts: Options) -> int:
             (Path(status) / f"pid.rank{comm.rank}").write_text(str(os.getpid()))
         except OSError:
             pass
-    try:
-        code = _run(comm, opts, platform)
+    try:  # devices after the ranks can talk: a rank without a GPU is reported like any error
+        code = _run(comm, opts, configure_devices(opts.devices_per_rank, opts.platform))
         if status:  # finished normally: its end is no failure
             (Path(status) / f"done.rank{comm.rank}").write_text(str(code))
     except SetupError as e:
@@ -93,12 +92,24 @@ def configure_devices(k: int, platform: str) -> str:
                        os.environ.get("XLA_FLAGS", "")).strip()
         os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={k}".strip()
     else:
-        local = int(os.environ.get("MPI_LOCALRANKID", os.environ.get("PMI_RANK", "0")))
-        os.environ.setdefault("CUDA_VISIBLE_DEVICES",
-                              ",".join(str(local * k + i) for i in range(k)))
-        os.environ.setdefault("JAX_PLATFORMS", "cuda")
+        if "CUDA_VISIBLE_DEVICES" not in os.environ:
+            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, _rank_gpus(k)))
+        os.environ.setdefault("JAX_PLATFORMS", "cuda,cpu")  # the CPU: --check's rounding floor
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     return platform
+
+
+def _rank_gpus(k: int) -> list[int]:
+    """The node's GPUs of this rank: the k after those of the ranks before it on the node."""
+    from alpac.errors import UserError
+    local = int(os.environ.get("MPI_LOCALRANKID", os.environ.get("PMI_RANK", "0")))
+    present = len([f for f in os.listdir("/dev") if re.fullmatch(r"nvidia\d+", f)])
+    wanted = list(range(local * k, (local + 1) * k))
+    if present and wanted[-1] >= present:
+        raise UserError(f"rank {local} of this node needs GPU {wanted[-1]}, but the node has "
+                        f"{present}: launch at most {present // k} rank(s) per node with "
+                        f"--devices-per-rank {k}, or set CUDA_VISIBLE_DEVICES to share GPUs")
+    return wanted
 
 
 def resolve_platform(platform: str) -> str:
@@ -245,31 +256,43 @@ def _conclude(comm, opts: Options, jax, setup: _Setup, pieces, per_rank) -> int:
 
 
 def _check(opts: Options, jax, setup: _Setup, outputs: list) -> dict:
-    """The outputs against the original module run `--iters` times on one local device."""
+    """The outputs against the original module run `--iters` times on one local device.
+    Where that device is an accelerator, the module also runs on the host's CPU: what two
+    correct executions of one program differ by (f32 dots run as TF32 on NVIDIA GPUs) is the
+    rounding floor, and an error within it passes."""
     from alpac.runtime.data import reference, relative_errors
     args = [setup.source_inputs[p.number] for p in setup.source_params]
     positions = {tuple(s.spec.index): s.position for s in setup.tl.outputs}
     aliases = [(positions[tuple(o)], p) for o, p in setup.program.aliases
                if tuple(o) in positions] if setup.layout is None else setup.layout.aliases
-    refs = reference(setup.source_text, args, aliases, opts.iters, jax.local_devices()[0])
+    device = jax.local_devices()[0]
+    refs = reference(setup.source_text, args, aliases, opts.iters, device)
     if len(refs) != len(outputs):
         raise RuntimeError(f"the original module has {len(refs)} outputs, the "
                            f"program {len(outputs)}")
     errs = relative_errors(outputs, refs)
     overall = max(errs, default=0.0)
-    return {"rtol": opts.rtol,
+    floor = None
+    if device.platform != "cpu":
+        host = reference(setup.source_text, args, aliases, opts.iters, jax.devices("cpu")[0])
+        floor = {"devices": f"{device.platform}:{device.id} and cpu:0",
+                 "max_rel_error": max(relative_errors(host, refs), default=0.0)}
+    tolerance = max(opts.rtol, floor["max_rel_error"] if floor else 0.0)
+    return {"rtol": opts.rtol, "rounding_floor": floor,
             "max_rel_error": {**{f"out{k}": e for k, e in enumerate(errs)},
                               "overall": overall},
-            "passed": bool(overall <= opts.rtol)}
+            "passed": bool(overall <= tolerance)}
 
 
 def _say_check_failed(check: dict, rtol: float) -> None:
     worst = max((kv for kv in check["max_rel_error"].items() if kv[0] != "overall"),
                 key=lambda kv: kv[1])
+    floor = check.get("rounding_floor")
     sys.stdout.flush()
     sys.stderr.write(f"alpa-run: check failed: max relative error "
                      f"{check['max_rel_error']['overall']:.3g} (at {worst[0]}) is over "
-                     f"rtol {rtol:g}\n")
+                     f"rtol {rtol:g}" + (f" and the rounding floor {floor['max_rel_error']:.3g}"
+                                         if floor else "") + "\n")
     sys.stderr.flush()
 
 

@@ -447,3 +447,39 @@ def test_zero_tasks_are_made_in_blocks_that_every_rank_of_a_mesh_sees_alike():
     alone = [t for t in tasks if t.mesh == 0]
     assert {f: [t.index for t in b] for f, b in zero_blocks(alone).items()} == \
         {f: b for f, b in blocks.items() if tasks[f].mesh == 0}
+
+
+def test_check_on_an_accelerator_passes_within_the_original_module_s_own_rounding(monkeypatch):
+    """On a GPU, --check also runs the original module on the host's CPU: an error above rtol
+    but within what those two runs differ by is rounding and passes; above it, it fails."""
+    from types import SimpleNamespace
+
+    from alpac.runtime import data, worker
+    gpu, cpu = SimpleNamespace(platform="gpu", id=0), SimpleNamespace(platform="cpu", id=0)
+    refs = {"gpu": [np.array([1.0, 2.0])], "cpu": [np.array([1.0, 2.0 + 4e-4])]}
+    monkeypatch.setattr(data, "reference", lambda text, args, aliases, iters, device:
+                        refs[device.platform])
+    fake_jax = SimpleNamespace(local_devices=lambda: [gpu], devices=lambda kind: [cpu])
+    setup = SimpleNamespace(source_inputs={}, source_params=[], layout=None, source_text="",
+                            tl=SimpleNamespace(outputs=[]), program=SimpleNamespace(aliases=[]))
+    opts = SimpleNamespace(rtol=1e-5, iters=3)
+    near = worker._check(opts, fake_jax, setup, [np.array([1.0, 2.0 + 2e-4])])
+    assert near["rounding_floor"]["devices"] == "gpu:0 and cpu:0"
+    assert near["rounding_floor"]["max_rel_error"] == pytest.approx(2e-4)
+    assert near["passed"] and near["max_rel_error"]["overall"] == pytest.approx(1e-4)
+    far = worker._check(opts, fake_jax, setup, [np.array([1.0, 2.0 + 2e-3])])
+    assert not far["passed"]
+    fake_jax.local_devices = lambda: [cpu]  # on the CPU: rtol alone
+    on_cpu = worker._check(opts, fake_jax, setup, [np.array([1.0, 2.0 + 2e-4])])
+    assert on_cpu["rounding_floor"] is None and not on_cpu["passed"]
+
+
+def test_a_rank_beyond_the_node_s_gpus_is_told_how_many_there_are(monkeypatch):
+    from alpac.errors import UserError
+    from alpac.runtime import worker
+    monkeypatch.setattr(worker.os, "listdir", lambda d: ["nvidia0", "nvidiactl", "null"])
+    monkeypatch.setenv("MPI_LOCALRANKID", "0")
+    assert worker._rank_gpus(1) == [0]
+    monkeypatch.setenv("MPI_LOCALRANKID", "1")
+    with pytest.raises(UserError, match="rank 1 of this node needs GPU 1, but the node has 1"):
+        worker._rank_gpus(1)

@@ -106,7 +106,7 @@ def _rank_gpus(k: int) -> list[int]:
     present = len([f for f in os.listdir("/dev") if re.fullmatch(r"nvidia\d+", f)])
     wanted = list(range(local * k, (local + 1) * k))
     if present and wanted[-1] >= present:
-        raise UserError(f"rank {local} of this node needs GPU {wanted[-1]}, but the node has "
+        raise UserError(f"this rank needs GPU {wanted[-1]} of its node, which has "
                         f"{present}: launch at most {present // k} rank(s) per node with "
                         f"--devices-per-rank {k}, or set CUDA_VISIBLE_DEVICES to share GPUs")
     return wanted

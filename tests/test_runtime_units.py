@@ -481,5 +481,5 @@ def test_a_rank_beyond_the_node_s_gpus_is_told_how_many_there_are(monkeypatch):
     monkeypatch.setenv("MPI_LOCALRANKID", "0")
     assert worker._rank_gpus(1) == [0]
     monkeypatch.setenv("MPI_LOCALRANKID", "1")
-    with pytest.raises(UserError, match="rank 1 of this node needs GPU 1, but the node has 1"):
+    with pytest.raises(UserError, match="this rank needs GPU 1 of its node, which has 1"):
         worker._rank_gpus(1)

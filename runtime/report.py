@@ -14,8 +14,8 @@ iteration, `peak_live_microbatches`, `schedule_max_live_microbatches`),
 `transfer_time_s`, `modules` (per module that ran: `name`, `stage`, `role`, `mesh`,
 `executions_per_step`, `median_s` per execution over every rank and iteration), and when
 `--check` ran `check` (`rtol`, `max_rel_error`: per output `out<k>` and `overall`, `passed`;
-`rounding_floor`: on an accelerator, what the original module on it and on the host's CPU
-differ by, `devices` and `max_rel_error`, else null).
+`rounding_floor`: on an accelerator where the error was over `rtol`, what the original module
+on it and on the host's CPU differ by, `devices` and `max_rel_error`, else null).
 """
 
 from __future__ import annotations

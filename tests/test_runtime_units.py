@@ -450,8 +450,8 @@ def test_zero_tasks_are_made_in_blocks_that_every_rank_of_a_mesh_sees_alike():
 
 
 def test_check_on_an_accelerator_passes_within_the_original_module_s_own_rounding(monkeypatch):
-    """On a GPU, --check also runs the original module on the host's CPU: an error above rtol
-    but within what those two runs differ by is rounding and passes; above it, it fails."""
+    """On a GPU, an error over rtol has --check run the original module on the host's CPU too:
+    within what those two runs differ by it is rounding and passes; above it, it fails."""
     from types import SimpleNamespace
 
     from alpac.runtime import data, worker
@@ -469,6 +469,8 @@ def test_check_on_an_accelerator_passes_within_the_original_module_s_own_roundin
     assert near["passed"] and near["max_rel_error"]["overall"] == pytest.approx(1e-4)
     far = worker._check(opts, fake_jax, setup, [np.array([1.0, 2.0 + 2e-3])])
     assert not far["passed"]
+    within_rtol = worker._check(opts, fake_jax, setup, [np.array([1.0, 2.0 + 1e-5])])
+    assert within_rtol["passed"] and within_rtol["rounding_floor"] is None  # no CPU run
     fake_jax.local_devices = lambda: [cpu]  # on the CPU: rtol alone
     on_cpu = worker._check(opts, fake_jax, setup, [np.array([1.0, 2.0 + 2e-4])])
     assert on_cpu["rounding_floor"] is None and not on_cpu["passed"]

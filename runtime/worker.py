@@ -69,7 +69,8 @@ def main(opts: Options) -> int:
         except OSError:
             pass
     try:  # devices after the ranks can talk: a rank without a GPU is reported like any error
-        code = _run(comm, opts, configure_devices(opts.devices_per_rank, opts.platform))
+        code = _run(comm, opts, configure_devices(opts.devices_per_rank, opts.platform,
+                                                  host_cpu=opts.check))
         if status:  # finished normally: its end is no failure
             (Path(status) / f"done.rank{comm.rank}").write_text(str(code))
     except SetupError as e:
@@ -83,8 +84,9 @@ def main(opts: Options) -> int:
     return code
 
 
-def configure_devices(k: int, platform: str) -> str:
-    """Environment for jax before it is imported: k devices for this process."""
+def configure_devices(k: int, platform: str, host_cpu: bool = False) -> str:
+    """Environment for jax before it is imported: k devices for this process; with
+    `host_cpu`, on GPUs the host's CPU too (--check's rounding floor runs there)."""
     platform = resolve_platform(platform)
     if platform == "cpu":
         os.environ["JAX_PLATFORMS"] = "cpu"
@@ -94,7 +96,7 @@ def configure_devices(k: int, platform: str) -> str:
     else:
         if "CUDA_VISIBLE_DEVICES" not in os.environ:
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, _rank_gpus(k)))
-        os.environ.setdefault("JAX_PLATFORMS", "cuda,cpu")  # the CPU: --check's rounding floor
+        os.environ.setdefault("JAX_PLATFORMS", "cuda,cpu" if host_cpu else "cuda")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     return platform
 

@@ -264,12 +264,18 @@ class UniqueNames:
 
     def __init__(self, taken: Iterable[str] = ()):
         self.taken: set[str] = set(taken)
+        self._tried: dict[str, int] = {}  # base -> the last suffix found taken (names are
+        # never given back, so the search for the next one starts there: unrolling 48
+        # copies of a layer asks for each of its names 48 times)
 
     def fresh(self, base: str) -> str:
-        name, k = base, 0
+        name, k = base, self._tried.get(base, 0)
+        if k:
+            name = f"{base}.{k}"
         while name in self.taken:
             k += 1
             name = f"{base}.{k}"
+        self._tried[base] = k
         self.taken.add(name)
         return name
 

@@ -225,6 +225,8 @@ def _cheapest_to_price(forward, flops, heavy, edges, multiple_of: int = 1):
     layer, 40 s at one, 25 s at half a block; on GPT-39B (48 blocks) 36 s at one, 51 s at
     half a block, with five distinct layers instead of three."""
     base = choose_num_layers(flops, heavy, edges)
+    kinds: dict = {}  # (opcode, shape) -> a small number: a layer's signature is a run of them
+    sig = [kinds.setdefault((x.opcode, x.shape.without_layout()), len(kinds)) for x in forward]
     best = None
     counts = [n for n in range(max(2, base // 2), min(sum(heavy), 2 * base, 128) + 1)
               if n % multiple_of == 0]
@@ -232,9 +234,7 @@ def _cheapest_to_price(forward, flops, heavy, edges, multiple_of: int = 1):
         counts = [max(multiple_of, sum(heavy) // multiple_of * multiple_of)]
     for n in counts:
         clustering = cluster_layers(flops, heavy, edges, n)
-        shapes = {tuple((x.opcode, x.shape.without_layout())
-                        for x in forward[clustering.bounds[k]:clustering.bounds[k + 1]])
-                  for k in range(n)}
+        shapes = {tuple(sig[clustering.bounds[k]:clustering.bounds[k + 1]]) for k in range(n)}
         key = (sum(len(s) ** 2 + _SOLVE_OVERHEAD_OPS ** 2 for s in shapes), -n)
         if best is None or key < best[0]:
             best = (key, n, clustering)

@@ -352,14 +352,16 @@ def stage_modules(graph: StepGraph, where: dict[str, set[int]], placed: set[str]
     Remat."""
     entry = graph.module.entry
     users: dict[str, set[int]] = {}  # node name -> stages that read it
+    held: dict[int, list[Instruction]] = {}  # stage -> its instructions, in order
     for x in entry.instructions:
         for s in where.get(x.name, ()):
+            held.setdefault(s, []).append(x)
             for o in x.operands:
                 users.setdefault(o.name, set()).add(s)
     program_outputs = {node.name for _, node, _ in graph.outputs}
     out = []
     for s in (range(num_stages) if only is None else only):
-        members = [x for x in entry.instructions if s in where.get(x.name, ())]
+        members = held.get(s, [])
         if not members:
             raise UserError(f"stage {s} would compute nothing: fewer layers than stages")
         given = [x for x in members

@@ -6,8 +6,8 @@ three shapes, whose median is the row). Every figure is the median of repeated t
 a warm-up; work shorter than `TARGET` seconds is repeated inside one execution (a while loop
 whose trip count is an argument, so one compilation serves every count) and divided, so that
 the tables price the work itself and `launch_s` the launching of a module; collectives under
-multi-process jax are timed a few in a row per execution instead, as a plan's module runs
-them (`Rank._in_modules`). Each iteration of that loop does the work `UNROLL` times over, kept
+multi-process jax are timed a few per execution instead, each after a dot, as a plan's module
+runs them (`Rank._in_modules`). Each iteration of that loop does the work `UNROLL` times over, kept
 apart by optimization barriers (no fusion across them): a GPU pays 15-30 µs per while-loop
 iteration (its condition read back by the host), which would otherwise be counted as every
 small kernel's cost. Rank 0 chooses the repeat count for every rank taking part, so that all
@@ -187,7 +187,7 @@ class Rank:
         self.local = sorted(jax.local_devices(), key=lambda d: d.id)[:k]
         self.everywhere = sorted(jax.devices(), key=lambda d: d.id) if distributed else None
         self.launch_s: float | None = None  # `launch`'s figure, once measured
-        self._launch_on: dict[tuple, float] = {}  # a module's launch per mesh (_in_modules)
+        self._work_on: dict[tuple, float] = {}  # (mesh, count) -> its dots (_in_modules)
 
     def _timed(self, run, ops: int = 1) -> float:
         """`per_op` of work every rank does at once, on all of its devices: the ranks start
@@ -202,6 +202,8 @@ class Rank:
             return self.launch()
         if kind == "array_s":
             return self.arrays()
+        if kind in ("launch_alone_s", "array_alone_s"):
+            return self.alone(kind)
         if kind in ("flop_s", "transcendental_s"):
             return self.arithmetic(kind)
         if kind == "dot":
@@ -241,40 +243,55 @@ class Rank:
         return self.jax.jit(lambda: tuple(jnp.full(shape, v, dtype) for v in values),
                             out_shardings=(NamedSharding(mesh, spec),) * len(values))()
 
-    def launch(self) -> float:
-        """A tiny module on the rank's devices, run the way alpa-run runs a module (the XLA
-        bridge), executed and waited for."""
+    def launch(self, devices=None) -> float:
+        """A tiny module on the rank's devices (or `devices`), run the way alpa-run runs a
+        module (the XLA bridge), executed and waited for."""
         from alpac.xla.bridge import compile_hlo, execute_unchecked, jax_parameter_shardings
         exe = compile_hlo("HloModule tiny\nENTRY e {\n  p = f32[1] parameter(0)\n"
                           "  c = f32[1] constant({1})\n  ROOT a = f32[1] add(p, c)\n}\n",
-                          self.local)
+                          self.local if devices is None else devices)
         x = self.jax.device_put(np.zeros(1, np.float32), jax_parameter_shardings(exe)[0])
 
         def run(r):
             for _ in range(r):
                 execute_unchecked(exe, [x])[0].block_until_ready()
-        self.launch_s = self._timed(run)
-        return self.launch_s
+        seconds = self._timed(run)
+        if devices is None:
+            self.launch_s = seconds
+        return seconds
 
-    def arrays(self, count: int = 64) -> float:
+    def alone(self, kind: str) -> float | None:
+        """`launch` or `arrays` on rank 0's first device, every other device idle (a plan on
+        one device; the host's share of a plan on a few, `Calibration.host_seconds`). None on
+        the other ranks, which keep step."""
+        timings = 1 if kind == "launch_alone_s" else 2  # `_timed` calls of each
+        if self.comm.rank:
+            for _ in range(timings):
+                self._timed(lambda r: None)
+            return None
+        one = self.local[:1]
+        return self.launch(one) if kind == "launch_alone_s" else self.arrays(devices=one)
+
+    def arrays(self, count: int = 64, devices=None) -> float:
         """Beyond `launch`, each more array a module execution returns (the host's work per
         result: its buffer, its jax array, waiting for it; an argument costs next to nothing
         beside it, ~0.5 µs on this machine), from a module that returns `count` arrays in
         place of the ones it took (aliased: no kernel runs), against one that returns two."""
         from alpac.xla.bridge import compile_hlo, execute_unchecked, jax_parameter_shardings
+        devices = self.local if devices is None else devices
 
         def module(n: int):
-            shape = f"f32[{len(self.local)}]"
+            shape = f"f32[{len(devices)}]"
             params = "\n".join(f"  p{i} = {shape} parameter({i})" for i in range(n))
             alias = ", ".join(f"{{{i}}}: ({i}, {{}}, must-alias)" for i in range(n))
             return compile_hlo(f"HloModule arrays{n}, input_output_alias={{ {alias} }}\n"
                                f"ENTRY e {{\n{params}\n  ROOT t = ({', '.join([shape] * n)}) "
                                f"tuple({', '.join(f'p{i}' for i in range(n))})\n}}\n",
-                               self.local)
+                               devices)
 
         def timed(n: int) -> float:
             exe = module(n)
-            held = [self.jax.device_put(np.zeros(len(self.local), np.float32), s)
+            held = [self.jax.device_put(np.zeros(len(devices), np.float32), s)
                     for s in jax_parameter_shardings(exe)]
 
             def run(r):
@@ -418,41 +435,49 @@ class Rank:
 
     def _in_modules(self, mesh, step, x, count: int, timed) -> float:
         """Seconds per collective under multi-process jax, timed as a plan's module runs them:
-        `count` in a row per execution (ending in a sum: no large array returned), each
-        execution waited for, less the launch of a module on the same devices. A CPU's gloo
-        pays a scheduler tick per collective far more often so than back to back in a long
-        loop: measured here, an all-gather among a rank's 2 devices 3-7 ms in a module of 4
-        against 0.8-2.6 ms in a loop of 40, and the loop's figure priced a Megatron step at
-        half its measured time. gloo also keeps to a fast or a slow mode for minutes at a
-        time: two calibrations 40 minutes apart read 0.68 and 2.63 ms for that all-gather."""
+        `count` per execution, each after a dot on every device of the group (a plan computes
+        between its collectives), each execution waited for; less the same module without
+        the collectives. A CPU's gloo waits a scheduler tick far more often after work than
+        back to back: on this machine an all-reduce of 4 KB over 2 ranks x 4 devices took
+        4.5 ms in a row and 1.8-2.2 ms more each after a dot of 1-6 ms; priced from the
+        figure in a row, every 8-device plan ran 1.2-1.6x its estimate. gloo also keeps to a
+        fast or a slow mode for minutes at a time: two calibrations 40 minutes apart read
+        0.68 and 2.63 ms for an all-gather among a rank's 2 devices."""
         from jax.sharding import PartitionSpec as P
         jnp = self.jax.numpy
         spec = P(("o", "i"))
+        side = 256 if self.local[0].platform == "cpu" else 2048  # a dot of ~1 ms on CPU
 
         def seconds(body, arg) -> float:
-            f = self.jax.jit(self.jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec,
-                                                check_vma=False))
+            f = self.jax.jit(self.jax.shard_map(body, mesh=mesh, in_specs=(spec, spec),
+                                                out_specs=spec, check_vma=False))
 
             def run(r):
                 for _ in range(r):
-                    f(arg).block_until_ready()
+                    f(arg, w).block_until_ready()
             return timed(run)
 
-        def chain(y):
-            for _ in range(count):
-                y = step(y)
-            return jnp.sum(y, keepdims=True)
+        def chain(collective):
+            def body(y, v):
+                for _ in range(count):  # each waits for the other: dot, collective, dot, ...
+                    v = v @ v + y[0] * 1e-30
+                    y = collective(y + v[0, 0] * 1e-30)
+                return jnp.sum(y, keepdims=True) + v[0, :1]
+            return body
+        w = self.jax.make_array_from_callback(  # entries 1/side: v @ v stays v
+            (mesh.size * side, side), self.jax.sharding.NamedSharding(mesh, spec),
+            lambda index: np.full((side, side), 1 / side, np.float32))
         # a mesh's devices say how it is timed: one rank's own (every rank at once), or
         # several ranks' (those ranks only)
-        key = tuple(d.id for d in mesh.devices.flat)
-        if key not in self._launch_on:
+        key = (tuple(d.id for d in mesh.devices.flat), count)
+        if key not in self._work_on:
             tiny = self.jax.make_array_from_callback(
                 (mesh.size,), self.jax.sharding.NamedSharding(mesh, spec),
                 lambda index: np.ones(1, np.float32))
-            self._launch_on[key] = seconds(lambda y: y + 1, tiny)
-        full = seconds(chain, x)
+            self._work_on[key] = seconds(chain(lambda y: y), tiny)
+        full = seconds(chain(step), x)
         # never below a tenth of the execution: two noisy timings' difference
-        return max(full - self._launch_on[key], full / 10) / count
+        return max(full - self._work_on[key], full / 10) / count
 
     def send_local(self, nbytes: int) -> float:
         """Device 0 to device 1 of this rank as alpa-run moves a piece inside a rank: to the

@@ -281,6 +281,23 @@ def test_a_device_with_fewer_beside_it_computes_faster_where_they_share_a_host(t
         == (1, 2)
 
 
+def test_the_host_s_work_alone_is_measured_not_scaled_like_compute(tmp_path):
+    """Launching a module (and each array it returns) on a cluster cut to fewer devices costs
+    the one-alone figures on one device, the every-device ones on all, in between as the
+    compute share goes; a file without the one-alone figures scales by the compute share."""
+    every = (1e-4, 2e-5)  # launch_s, array_s with every device working
+    text = SHARED.replace("  launch_s: LAUNCH\n", "  launch_s: LAUNCH\n  array_s: 2.0e-5\n")
+    scaled = load_cluster(cluster(tmp_path, text=text))
+    assert [launch_seconds(scaled.cut(n), 10) for n in (1, 2, 4)] == pytest.approx(
+        [share * (every[0] + 10 * every[1]) for share in (0.25, 0.5, 1.0)])
+    text += "  launch_alone_s: 6.0e-5\n  array_alone_s: 1.0e-5\n"
+    c = load_cluster(cluster(tmp_path, text=text))
+    assert c.calibration.to_dict()["array_alone_s"] == 1e-5
+    alone, full = 6e-5 + 10 * 1e-5, every[0] + 10 * every[1]
+    assert [launch_seconds(c.cut(n), 10) for n in (1, 2, 4)] == pytest.approx(
+        [alone, alone + (full - alone) * (0.5 - 0.25) / 0.75, full])
+
+
 def test_the_automatic_plan_leaves_devices_idle_where_that_is_faster(tmp_path):
     """On a host whose 4 devices share its cores (a device alone 4x as fast), the tiny MLP
     step runs fastest on one device: the automatic plan says so, and explain tells why; a

@@ -26,8 +26,8 @@ in a group when measured). The tables hold work inside a module (measured repeat
 one execution); launching a module is counted once per module execution instead, with each
 array it returns (`launch_seconds`). They were measured with every device of the
 calibration working; where its `concurrency` table says devices share a host (virtual CPU
-devices), compute (and launching) on a cluster cut to fewer devices (a plan that leaves the
-rest idle) costs that table's share.
+devices), compute on a cluster cut to fewer devices (a plan that leaves the rest idle)
+costs that table's share, launching between its every-device and its one-alone figures.
 """
 
 from __future__ import annotations
@@ -39,14 +39,12 @@ from alpac.plan.mesh import LogicalMesh
 
 def launch_seconds(cluster, arrays: int = 0) -> float:
     """Launching one module execution that returns `arrays` arrays: the host's work (0 unless
-    calibrated). Where devices share a host, a cluster cut to fewer devices pays the
-    `concurrency` share of it as its compute does (on this machine a one-device launch alone
-    takes 60 µs, 410 µs with all 8 devices working)."""
+    calibrated). Where devices share a host, a cluster cut to fewer devices pays less of it
+    (`Calibration.host_seconds`)."""
     calibration = cluster.calibration
     if calibration is None:
         return 0.0
-    return (calibration.launch_s + calibration.array_s * arrays) * \
-        calibration.compute_share(cluster.num_devices)
+    return calibration.host_seconds(arrays, cluster.num_devices)
 
 
 class CostModel:

@@ -12,7 +12,8 @@ and compile time against the trip count.
   step) at 6 and 48 iterations, compiled for the p3.16xlarge cluster cut to 8 GPUs
   (automatic, and two stages forced): every pass but emit, 48 within 1.2x of 6 asked for.
 
-    cd benchmarks && PYTHONPATH=.. python bench_scanned.py [--parts twins,maxtext,depth] [--rounds 3]
+    cd benchmarks && PYTHONPATH=.. python bench_scanned.py [--parts twins,maxtext,depth]
+        [--rounds 3]
 """
 
 from __future__ import annotations

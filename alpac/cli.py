@@ -250,7 +250,8 @@ def _predicted_and_measured(plan: dict, plan_dir: Path, trace_path: Path | None,
     console = Console(highlight=False)
     if report_path:
         report = against.load_report(report_path, plan)
-        against.render(against.compare(plan, report), report, console)
+        against.render(against.compare(plan, report), report, console,
+                       calibrated=bool(plan.get("cluster", {}).get("calibration")))
     if trace_path:
         trace, iteration = predicted_trace(plan, f"alpac explain {plan_dir} (predicted)")
         write_trace(trace, trace_path)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -130,6 +131,19 @@ def test_against_report(run):
     for row in ("iteration (median)", "stage 0 busy (mesh 0)", "stage 1 busy (mesh 1)",
                 "stage0.forward (x4)", "stage1.backward (x4)", "stage1.apply (x1)"):
         assert row in r.stdout, r.stdout
+    # local-cpu.yaml has no measured tables: the line says what the estimates are worth
+    assert "the plan's cluster has no calibration" in r.stdout.replace("\n", " ")
+
+
+def test_against_report_of_a_calibrated_plan_says_nothing_of_calibration(run, tmp_path):
+    plan_dir = tmp_path / "plan"
+    shutil.copytree(run["plan"], plan_dir)
+    plan = json.loads((plan_dir / "plan.json").read_text())
+    plan["cluster"]["calibration"] = {"source": "a test", "launch_s": 1e-4}
+    (plan_dir / "plan.json").write_text(json.dumps(plan))
+    r = alpac("explain", plan_dir, "--against", run["report"])
+    assert r.returncode == 0, r.stderr
+    assert "predicted against measured" in r.stdout and "calibration" not in r.stdout
 
 
 def test_against_refuses_another_plans_report(run, tmp_path):

@@ -78,12 +78,18 @@ def measured_iteration(report: dict) -> float:
     return statistics.median(times[1:]) if len(times) > 1 else report["median_iteration_time_s"]
 
 
-def render(rows: list[Row], report: dict, console: Console) -> None:
-    """One line for the iteration, then the table."""
+def render(rows: list[Row], report: dict, console: Console, calibrated: bool = True) -> None:
+    """One line for the iteration (and, for a plan made for a cluster without measured tables,
+    what its estimates are worth), then the table."""
     it = rows[0]
     console.print(f"predicted against measured: iteration estimated {duration(it.estimated)}, "
                   f"measured {duration(it.measured)} (median of {_counted(report)}), "
                   f"measured/estimated {_ratio(it.ratio)}")
+    if not calibrated:
+        console.print("the plan's cluster has no calibration: its estimates price nominal "
+                      "figures (peak FLOP/s, link bandwidth), not what this machine gives "
+                      "programs; `alpac calibrate` measures it, and a plan compiled with that "
+                      "file is priced from the measurements")
     table = Table(show_edge=False)
     for col in ("what", "per", "estimated", "measured", "measured/estimated"):
         table.add_column(col, justify="left" if col in ("what", "per") else "right")

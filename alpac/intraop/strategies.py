@@ -15,6 +15,7 @@ instruction:
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import re
@@ -190,11 +191,17 @@ def rng_strategies(instr: Instruction, mesh_shape) -> list[Strategy]:
 
 def dot_strategies(instr: Instruction, mesh_shape) -> list[Strategy]:
     lhs, rhs = instr.operands
-    lb, rb = instr.dims("lhs_batch_dims"), instr.dims("rhs_batch_dims")
-    lc, rc = instr.dims("lhs_contracting_dims"), instr.dims("rhs_contracting_dims")
-    lf = [d for d in range(lhs.shape.rank) if d not in lb and d not in lc]
-    rf = [d for d in range(rhs.shape.rank) if d not in rb and d not in rc]
-    out_dims = instr.shape.dims
+    return list(_dot_strategies(
+        lhs.shape.dims, rhs.shape.dims, instr.shape.dims, instr.shape.element_bits,
+        *(instr.dims(f"{side}_{kind}_dims") for side in ("lhs", "rhs")
+          for kind in ("batch", "contracting")), tuple(mesh_shape)))
+
+
+@functools.lru_cache(maxsize=4096)  # a stage of 24 identical layers asks 24 times alike
+def _dot_strategies(lhs_dims, rhs_dims, out_dims, elem_bits, lb, lc, rb, rc, mesh_shape
+                    ) -> tuple[Strategy, ...]:
+    lf = [d for d in range(len(lhs_dims)) if d not in lb and d not in lc]
+    rf = [d for d in range(len(rhs_dims)) if d not in rb and d not in rc]
     # each choice names the operand dims and the output dim that one mesh axis splits
     choices = [None]
     choices += [("b", i, lb[i], rb[i], i) for i in range(len(lb))]
@@ -204,9 +211,9 @@ def dot_strategies(instr: Instruction, mesh_shape) -> list[Strategy]:
     axes = _axes(mesh_shape)
     out: list[Strategy] = []
     for assign in itertools.product(choices, repeat=len(axes)):
-        la = [[] for _ in range(lhs.shape.rank)]
-        ra = [[] for _ in range(rhs.shape.rank)]
-        oa = [[] for _ in range(len(out_dims))]
+        la = [[] for _ in lhs_dims]
+        ra = [[] for _ in rhs_dims]
+        oa = [[] for _ in out_dims]
         partial, names = [], []
         for axis, c in zip(axes, assign):
             if c is None:
@@ -221,15 +228,15 @@ def dot_strategies(instr: Instruction, mesh_shape) -> list[Strategy]:
                 oa[od].append(axis)
             else:
                 partial.append(axis)
-        if not (_fits(lhs.shape.dims, la, mesh_shape) and _fits(rhs.shape.dims, ra, mesh_shape)
+        if not (_fits(lhs_dims, la, mesh_shape) and _fits(rhs_dims, ra, mesh_shape)
                 and _fits(out_dims, oa, mesh_shape)):
             continue
         divisor = _size(mesh_shape, [a for a, c in zip(axes, assign) if c is not None])
         base = ",".join(names) or "R"
-        for name, osh, colls in _reduction_variants(base, oa, out_dims, partial,
-                                                    instr.shape.element_bits, mesh_shape):
+        for name, osh, colls in _reduction_variants(base, oa, out_dims, partial, elem_bits,
+                                                    mesh_shape):
             out.append(Strategy(name, (osh,), (_sharding(la), _sharding(ra)), divisor, colls))
-    return out
+    return tuple(out)
 
 
 _LABELS = re.compile(r"(\w+)_(\w+)->(\w+)")

@@ -322,12 +322,17 @@ class Rank:
         (b,) = self._fill(mesh, P(), (n, k), t, 1 / n)
         return self._timed(lambda r: f(x, a, b, r).block_until_ready(), ops=2 * unroll)
 
+    def _square_side(self) -> int:
+        """The side of the square f32 dot that stands for a plan's compute (`concurrent`, and
+        between `_in_modules`' collectives): about 1 ms on a CPU device, 256; a GPU's 2048."""
+        return 256 if self.local[0].platform == "cpu" else 2048
+
     def concurrent(self, busy: int) -> float | None:
         """A square f32 dot on each of `busy` devices at once (the first ranks' first
         devices, the rest idle; side 256 on CPU, 2048 on a GPU): how much faster a device
         works with fewer beside it. None on a rank with no device working."""
         mine = min(self.k, max(0, busy - self.comm.rank * self.k))
-        side = 256 if self.local[0].platform == "cpu" else 2048
+        side = self._square_side()
         # three timings, their median: every plan on fewer devices is priced from this row
         # (a device alone measured 5.4x and 7.4x as fast as with all 8 in two calibrations)
         seconds = []
@@ -446,7 +451,7 @@ class Rank:
         from jax.sharding import PartitionSpec as P
         jnp = self.jax.numpy
         spec = P(("o", "i"))
-        side = 256 if self.local[0].platform == "cpu" else 2048  # a dot of ~1 ms on CPU
+        side = self._square_side()
 
         def seconds(body, arg) -> float:
             f = self.jax.jit(self.jax.shard_map(body, mesh=mesh, in_specs=(spec, spec),

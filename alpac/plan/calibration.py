@@ -98,7 +98,7 @@ class Calibration:
         if share >= 1.0 or not self.launch_alone_s:
             return every * share
         alone = self.launch_alone_s + self.array_alone_s * arrays
-        least = self.compute_share(1)  # < share < 1
+        least = self.compute_share(1)  # below share here
         return alone + (every - alone) * (share - least) / (1.0 - least)
 
     def dot_seconds(self, flops: float, dtype: str) -> float | None:

@@ -29,6 +29,7 @@ from alpac.xla.bridge import compile_hlo, execute_unchecked, jax_parameter_shard
 @dataclass
 class StepStats:
     seconds: float = 0.0
+    started: float = 0.0  # this rank's perf_counter at the step's start (the trace aligns)
     busy: dict[int, float] = field(default_factory=dict)  # mesh -> seconds running modules
     transfer_seconds: float = 0.0
     bytes: dict[tuple[int, int], int] = field(default_factory=dict)
@@ -117,7 +118,7 @@ class Executor:
         self.mover.bytes = {}
         self.mover.seconds = 0.0
         self.host_out = []
-        t0 = time.perf_counter()
+        t0 = stats.started = time.perf_counter()
         for task in self.stream:
             for tid in task.recv_before:
                 self._store(self.tl.transfers[tid].dst_key, self._receive(tid, t0, stats))

@@ -3,8 +3,9 @@
 
 One track per rank, named by the meshes and stages it holds. Per step, the events the executor
 recorded (`StepStats.events`): module executions (named as in the prediction: `F3`, `B3`,
-`apply`), sends, receives and the waits before them. Iterations follow one another on the
-time axis, each as long as its slowest rank took, so a rank's events never overlap.
+`apply`), sends, receives and the waits before them, at the time they happened: every rank's
+clock read as rank 0's (`alpac.runtime.worker._clock_offsets`), so that a message is
+received after it was sent and the gaps between iterations (each starts with a barrier) show.
 """
 
 from __future__ import annotations
@@ -12,18 +13,21 @@ from __future__ import annotations
 from alpac.plan.trace import MEASURED_PID, Span, chrome_trace, task_name
 
 
-def measured_trace(plan_dir: str, timeline, per_rank: list, iteration_times: list[float]) -> dict:
-    """`per_rank[r]`: rank r's `StepStats` per iteration; `iteration_times`: the report's."""
+def measured_trace(plan_dir: str, timeline, per_rank: list, offsets: list[float]) -> dict:
+    """`per_rank[r]`: rank r's `StepStats` per iteration; `offsets[r]`: what to add to rank
+    r's clock to read rank 0's."""
     program = timeline.program
     tracks = {r: _track_name(r, program, stats) for r, stats in enumerate(per_rank)}
-    spans, offset = [], 0.0
-    for k, seconds in enumerate(iteration_times):
-        for r, stats in enumerate(per_rank):
-            for kind, ref, start, end in stats[k].events:
+    origin = min((stats[0].started + offsets[r] for r, stats in enumerate(per_rank) if stats),
+                 default=0.0)
+    spans = []
+    for r, stats in enumerate(per_rank):
+        for k, step in enumerate(stats):
+            at = step.started + offsets[r] - origin
+            for kind, ref, start, end in step.events:
                 name, category, args = _describe(timeline, kind, ref)
-                spans.append(Span(r, name, category, offset + start, offset + end,
+                spans.append(Span(r, name, category, at + start, at + end,
                                   {**args, "iteration": k}))
-        offset += seconds
     return chrome_trace(f"alpa-run {plan_dir} (measured)", tracks, spans, MEASURED_PID)
 
 

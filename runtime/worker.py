@@ -12,6 +12,7 @@ Errors: see `alpac.runtime.comm` (one message naming the rank, MPI_Abort, exit c
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import socket
@@ -29,6 +30,8 @@ TAG_SETUP = (1 << 28) + 1
 TAG_STATS = (1 << 28) + 2
 TAG_OUTPUTS = (1 << 28) + 3
 TAG_STATUS = (1 << 28) + 4
+TAG_CLOCK = (1 << 28) + 5
+CLOCK_PINGS = 8
 
 
 @dataclass
@@ -163,12 +166,13 @@ def _run(comm, opts: Options, platform: str) -> int:
     comm.barrier("every rank to compile its modules")
 
     gather = opts.save is not None or opts.check
+    clocks = _clock_offsets(comm) if opts.trace else None
     steps = _run_steps(comm, executor, opts, setup.host_inputs, collect=gather)
     pieces = _gather_outputs(comm, executor) if gather else None
     per_rank = comm.gather_obj(steps, TAG_STATS, "statistics")
     code = 0
     if comm.rank == 0:
-        code = _conclude(comm, opts, jax, setup, pieces, per_rank)
+        code = _conclude(comm, opts, jax, setup, pieces, per_rank, clocks)
     code = comm.bcast_obj(code, TAG_STATUS, "the final status")
     comm.barrier("the other ranks to finish")
     sys.stdout.flush()
@@ -212,6 +216,33 @@ def _run_steps(comm, executor, opts: Options, host_inputs: dict, collect: bool) 
     return steps
 
 
+def _clock_offsets(comm) -> list[float] | None:
+    """On rank 0, per rank: what to add to its perf_counter to read rank 0's (None on the
+    others), so that the trace puts every rank's events on one time axis. The ranks of one
+    host share its monotonic clock (0); another host's offset is estimated from ping-pongs
+    with rank 0, the one with the shortest round trip (wrong by at most half of it)."""
+    host = socket.gethostname()
+    hosts = comm.bcast_obj(comm.gather_obj(host, TAG_CLOCK, "host names"), TAG_CLOCK,
+                           "the host names")
+    offsets = [0.0] * comm.size
+    for r in (r for r in range(1, comm.size) if hosts[r] != hosts[0]):
+        if comm.rank == 0:
+            best = (math.inf, 0.0)
+            for _ in range(CLOCK_PINGS):
+                sent = time.perf_counter()
+                comm.send_obj(None, r, TAG_CLOCK)
+                theirs = comm.recv_obj(r, TAG_CLOCK, "a clock reading")
+                back = time.perf_counter()
+                best = min(best, (back - sent, (sent + back) / 2 - theirs))
+            offsets[r] = best[1]
+        elif comm.rank == r:
+            for _ in range(CLOCK_PINGS):
+                comm.recv_obj(0, TAG_CLOCK, "a clock reading")
+                comm.send_obj(time.perf_counter(), 0, TAG_CLOCK)
+    comm.flush("rank 0 to take the clock readings")
+    return offsets if comm.rank == 0 else None
+
+
 def _gather_outputs(comm, executor) -> list | None:
     """Every rank's host pieces of the last step's outputs, on rank 0 (None elsewhere)."""
     from alpac.runtime.executor import host_pieces
@@ -221,7 +252,8 @@ def _gather_outputs(comm, executor) -> list | None:
     return comm.gather_obj(mine, TAG_OUTPUTS, "outputs")
 
 
-def _conclude(comm, opts: Options, jax, setup: _Setup, pieces, per_rank) -> int:
+def _conclude(comm, opts: Options, jax, setup: _Setup, pieces, per_rank,
+              clocks: list[float] | None) -> int:
     """Rank 0: assemble, save and check the outputs, then report; EXIT_CHECK if the check
     failed, else 0."""
     from alpac.runtime import report as rep
@@ -244,8 +276,8 @@ def _conclude(comm, opts: Options, jax, setup: _Setup, pieces, per_rank) -> int:
     if opts.trace:
         from alpac.plan.trace import write_trace
         from alpac.runtime.trace import measured_trace
-        write_trace(measured_trace(str(opts.plan), setup.tl, per_rank,
-                                   report["iteration_time_s"]), Path(opts.trace))
+        write_trace(measured_trace(str(opts.plan), setup.tl, per_rank, clocks),
+                    Path(opts.trace))
     if not opts.quiet:
         rep.render(report, _console())
         if opts.trace:

@@ -102,10 +102,68 @@ def test_measured_trace(run):
     report = json.loads(run["report"].read_text())
     start = min(e["ts"] for e in tracks[(1, 0)] if e["args"]["iteration"] == 1)
     assert start >= report["iteration_time_s"][0] * 1e6  # iterations one after another
+    assert_received_after_sent(tracks)
     modules = {m["name"]: m for m in report["modules"]}
     assert modules["stage1.forward"]["executions_per_step"] == B
     assert modules["stage0.apply"]["executions_per_step"] == 1
     assert all(m["median_s"] > 0 for m in modules.values())
+
+
+def assert_received_after_sent(tracks: dict) -> None:
+    """The ranks' clocks are one time axis: every piece of a transfer comes in (its `recv`
+    starts when the data came) after the first of its sends started, on another rank's track."""
+    def key(e):
+        return e["args"]["value"], e["args"]["microbatch"], e["args"]["iteration"]
+    events = [e for track in tracks.values() for e in track]
+    sent = {}
+    for e in events:
+        if e["cat"] == "send":
+            sent[key(e)] = min(sent.get(key(e), math.inf), e["ts"])
+    received = [e for e in events if e["cat"] == "recv"]
+    assert received and all(key(e) in sent for e in received)
+    late = [(e["name"], e["ts"] - sent[key(e)]) for e in received if e["ts"] < sent[key(e)]]
+    assert not late, late
+
+
+def test_measured_trace_puts_ranks_on_one_time_axis(run):
+    """Two ranks that left the step's barrier 3 ms apart, one on a clock 5 s behind: each
+    event lands at the time it happened on rank 0's clock, iterations included."""
+    from alpac.plan.program import load_program
+    from alpac.runtime.executor import StepStats
+    from alpac.runtime.timeline import build
+    from alpac.runtime.trace import measured_trace
+    _, _, program, where = load_program(run["plan"])
+    timeline = build(program, None, where)
+    runs = [t.index for t in timeline.tasks if t.kind == "run"]
+    steps = [[StepStats(started=s, events=[("run", runs[r], 1e-3, 2e-3)]) for s in starts]
+             for r, starts in enumerate([(10.0, 10.020), (5.003, 5.021)])]
+    trace = measured_trace("plan", timeline, steps, [0.0, 5.0])
+    at = sorted((e["tid"], e["args"]["iteration"], e["ts"]) for e in trace["traceEvents"]
+                if e["ph"] == "X")
+    assert [(r, k, round(ts)) for r, k, ts in at] == [
+        (0, 0, 1000), (0, 1, 21000), (1, 0, 4000), (1, 1, 22000)]
+
+
+def test_clock_offsets_across_hosts_come_out_near_zero_on_one_host(tmp_path):
+    """Ranks that say they are on other hosts estimate their clocks' offsets by ping-pong;
+    here they share one clock, so each estimate must be 0 within its round trip."""
+    from alpac.runtime.launcher import find_mpiexec
+    script = tmp_path / "clocks.py"
+    script.write_text(
+        "import json, socket, sys\n"
+        "from alpac.runtime.comm import Comm\n"
+        "from alpac.runtime import worker\n"
+        "comm = Comm(60)\n"
+        "socket.gethostname = lambda: f'host{comm.rank}'\n"
+        "offsets = worker._clock_offsets(comm)\n"
+        "if comm.rank == 0:\n"
+        "    print(json.dumps(offsets))\n")
+    r = subprocess.run([find_mpiexec(), "-n", "3", sys.executable, str(script)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    offsets = json.loads(r.stdout.strip().splitlines()[-1])
+    assert offsets[0] == 0.0 and len(offsets) == 3
+    assert all(abs(x) < 2e-3 for x in offsets), offsets
 
 
 def test_predicted_trace(run):

@@ -252,6 +252,7 @@ def _predicted_and_measured(plan: dict, plan_dir: Path, trace_path: Path | None,
         report = against.load_report(report_path, plan)
         against.render(against.compare(plan, report), report, console,
                        calibrated=bool(plan.get("cluster", {}).get("calibration")))
+        against.render_breakdown(against.breakdown(plan, report), console)
     if trace_path:
         trace, iteration = predicted_trace(plan, f"alpac explain {plan_dir} (predicted)")
         write_trace(trace, trace_path)

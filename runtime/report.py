@@ -11,8 +11,12 @@ iteration, `peak_live_microbatches`, `schedule_max_live_microbatches`),
 `bytes_between_meshes_per_iteration`, `bytes_between_meshes_by_pair`,
 `predicted_bytes_between_meshes` (the plan's `Program.transfer_bytes()`),
 `bytes_between_steps` (aliased outputs moved to another mesh for the next step),
-`transfer_time_s`, `modules` (per module that ran: `name`, `stage`, `role`, `mesh`,
-`executions_per_step`, `median_s` per execution over every rank and iteration), and when
+`transfer_time_s`, `per_rank` (per rank: `rank`, `meshes`, and per iteration where its
+step's time went, `modules_s`, `transfers_s` (sending, and receiving once the data came),
+`waiting_s` (for another rank's data) and `other_s` (the rest: feeding inputs, zeroing
+accumulators, moving outputs to the next step, bookkeeping)), `modules` (per module that
+ran: `name`, `stage`, `role`, `mesh`, `executions_per_step`, `median_s` per execution over
+every rank and iteration), and when
 `--check` ran `check` (`rtol`, `max_rel_error`: per output `out<k>` and `overall`, `passed`;
 `rounding_floor`: on an accelerator where the error was over `rtol`, what the original module
 on it and on the host's CPU differ by, `devices` and `max_rel_error`, else null).
@@ -91,11 +95,33 @@ def build(*, plan_dir: str, identity: dict, timeline, ranks: int, devices_per_ra
                                     for k in range(iters)), default=0),
         "transfer_time_s": [max(st[k].transfer_seconds for st in per_rank)
                             for k in range(iters)],
+        "per_rank": rank_times(per_rank),
         "modules": module_times(timeline, per_rank),
     }
     if check is not None:
         report["check"] = check
     return report
+
+
+SPENT = {"run": "modules_s", "send": "transfers_s", "recv": "transfers_s",
+         "wait": "waiting_s"}
+
+
+def rank_times(per_rank: list) -> list[dict]:
+    """Per rank, where each iteration's step went (the module docstring's `ranks`)."""
+    out = []
+    for r, stats in enumerate(per_rank):
+        row = {"rank": r, "meshes": sorted(stats[0].busy) if stats else [],
+               "modules_s": [], "transfers_s": [], "waiting_s": [], "other_s": []}
+        for step in stats:
+            spent = dict.fromkeys(("modules_s", "transfers_s", "waiting_s"), 0.0)
+            for kind, _, start, end in step.events:
+                spent[SPENT[kind]] += end - start
+            for key, seconds in spent.items():
+                row[key].append(seconds)
+            row["other_s"].append(step.seconds - sum(spent.values()))
+        out.append(row)
+    return out
 
 
 def module_times(timeline, per_rank: list) -> list[dict]:

@@ -191,6 +191,36 @@ def test_against_report(run):
         assert row in r.stdout, r.stdout
     # local-cpu.yaml has no measured tables: the line says what the estimates are worth
     assert "the plan's cluster has no calibration" in r.stdout.replace("\n", " ")
+    assert "where each rank's iteration went" in r.stdout.replace("\n", " ")
+    lines = [[c.strip() for c in ln.split("│")] for ln in r.stdout.splitlines()]
+    for rank in ("0", "1"):  # rank, "mesh: stage", estimated parts; the measured ones below
+        at = next(i for i, ln in enumerate(lines) if ln[0] == rank)
+        assert lines[at][1:3] == [f"{rank}: {rank}", "estimated"], r.stdout
+        assert lines[at + 1][:3] == ["", "", "measured"], r.stdout
+
+
+def test_report_says_where_each_rank_s_step_went(run):
+    """Per rank and iteration, modules + transfers + waiting + other is the rank's step (none
+    negative: the recorded events do not overlap); a two-stage pipeline's ranks spend time in
+    each of the first three; explain's estimates: the stage's busy time and receives, the
+    rest of the estimated iteration as waiting."""
+    from alpac.plan.against import breakdown
+    report = json.loads(run["report"].read_text())
+    plan = json.loads((run["plan"] / "plan.json").read_text())
+    ranks = report["per_rank"]
+    assert [r["rank"] for r in ranks] == [0, 1] and [r["meshes"] for r in ranks] == [[0], [1]]
+    parts = ("modules_s", "transfers_s", "waiting_s", "other_s")
+    for r in ranks:
+        assert all(len(r[p]) == report["iterations"] for p in parts)
+        assert all(min(r[p]) >= 0 for p in parts), r
+        assert all(r["modules_s"]) and all(r["transfers_s"])
+    assert any(w > 0 for r in ranks for w in r["waiting_s"])
+    rows = breakdown(plan, report)
+    estimate = plan["estimate"]["iteration_time_s"]
+    for row, stage in zip(rows, plan["stages"]):
+        (modules, _), (received, _), (waiting, _), (other, _) = row.parts.values()
+        assert modules > 0 and received > 0 and other is None
+        assert math.isclose(modules + received + waiting, estimate, rel_tol=1e-9)
 
 
 def test_against_report_of_a_calibrated_plan_says_nothing_of_calibration(run, tmp_path):

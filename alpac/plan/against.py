@@ -1,6 +1,8 @@
 """`alpac explain PLAN --against report.json`: the plan's estimates next to what `alpa-run
 --report` measured (per stage busy time, per module execution, the iteration), so the cost
-model can be held against a clock."""
+model can be held against a clock; and per rank, where its iteration went (modules,
+transfers, waiting for other ranks, the rest), so a gap shows whether the compute was priced
+wrong or the ranks waited on each other more than the pipeline's formula says."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from rich.table import Table
 
 from alpac.errors import UserError
 from alpac.plan.io import plan_identity
-from alpac.plan.trace import module_estimates, stage_busy_estimate
+from alpac.plan.trace import module_estimates, received_seconds, stage_busy_estimate
 from alpac.units import duration
 
 
@@ -71,6 +73,48 @@ def compare(plan: dict, report: dict) -> list[Row]:
     return rows
 
 
+@dataclass(frozen=True)
+class RankRow:
+    """Where one rank's iteration went: (estimated or None, measured) seconds per part."""
+    rank: str
+    stages: str  # "mesh: stages; ..." of the meshes it holds devices of
+    parts: dict[str, tuple[float | None, float]]
+
+
+PARTS = {"modules": "modules_s", "transfers": "transfers_s", "waiting": "waiting_s",
+         "other": "other_s"}
+
+
+def breakdown(plan: dict, report: dict) -> list[RankRow]:
+    """Per rank of the report: its median seconds per part (the first iteration excluded);
+    estimated from its stages' figures: their modules' busy time, their receives, and the
+    rest of the estimated iteration as waiting (the pipeline's bubble, the slowest update)."""
+    by_index = {s["index"]: s for s in plan["stages"]}
+    stages_of = {m["mesh"]: [by_index[s] for s in m["stages"] if s in by_index]
+                 for m in report["stages"]}
+    iteration = plan["estimate"]["iteration_time_s"]
+    B = plan.get("num_micro_batches", 1)
+    rows = []
+    for rank in report.get("per_rank", []):
+        stages = [s for mesh in rank["meshes"] for s in stages_of.get(mesh, [])]
+        if not stages:
+            continue
+        modules = sum(stage_busy_estimate(plan, s) for s in stages)
+        received = sum(B * mb + step for mb, step in (received_seconds(s["estimate"])
+                                                          for s in stages))
+        estimated = {"modules": modules, "transfers": received,
+                     "waiting": max(iteration - modules - received, 0.0), "other": None}
+        label = "; ".join(f"{m}: {','.join(str(s['index']) for s in stages_of[m])}"
+                          for m in rank["meshes"] if stages_of.get(m))
+        rows.append(RankRow(str(rank["rank"]), label, {
+            part: (estimated[part], _median(rank[key])) for part, key in PARTS.items()}))
+    return rows
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values[1:] if len(values) > 1 else values)
+
+
 def measured_iteration(report: dict) -> float:
     """The median iteration time, the first iteration (compiling, warming caches) excluded
     when there are others."""
@@ -96,6 +140,23 @@ def render(rows: list[Row], report: dict, console: Console, calibrated: bool = T
     for r in rows:
         table.add_row(r.what, r.per, duration(r.estimated), duration(r.measured),
                       _ratio(r.ratio))
+    console.print(table)
+
+
+def render_breakdown(rows: list[RankRow], console: Console) -> None:
+    """Per rank, two lines: the estimated and the measured seconds of each part."""
+    if not rows:
+        return
+    console.print("where each rank's iteration went (medians; estimated waiting: the rest of "
+                  "the estimated iteration; other: feeding inputs, zeroing, moving outputs to "
+                  "the next step, bookkeeping)")
+    table = Table(show_edge=False)
+    for col in ("rank", "meshes: stages", "", *PARTS):
+        table.add_column(col, justify="right" if col in PARTS else "left")
+    for r in rows:
+        table.add_row(r.rank, r.stages, "estimated",
+                      *("-" if est is None else duration(est) for est, _ in r.parts.values()))
+        table.add_row("", "", "measured", *(duration(m) for _, m in r.parts.values()))
     console.print(table)
 
 

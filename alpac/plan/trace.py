@@ -108,7 +108,7 @@ def module_estimates(plan: dict, forward_share: float | None = None) -> dict[str
     for m in plan.get("program", {}).get("modules", []):
         est = by_stage.get(m["stage"], {})
         t = est.get("time_per_microbatch_s")
-        received = _received(est)
+        received = received_seconds(est)
         if t is not None and m["role"] in (Role.FORWARD, Role.BACKWARD):
             share = _share(est, forward_share, backward)
             t -= received[0]
@@ -133,7 +133,7 @@ def launch_seconds(plan: dict, est: dict) -> float:
     return (plan["cluster"].get("calibration") or {}).get("launch_s", 0.0)
 
 
-def _received(est: dict) -> tuple[float, float]:
+def received_seconds(est: dict) -> tuple[float, float]:
     """Seconds a stage's estimate counts for receiving from other stages, per microbatch and
     per step (in its time, not in its modules')."""
     r = est.get("receive_s") or {}
@@ -145,7 +145,7 @@ def stage_busy_estimate(plan: dict, stage: dict) -> float:
     est = stage["estimate"]
     if "time_per_microbatch_s" not in est:
         return est["time_s"] + launch_seconds(plan, est)
-    per_microbatch, per_step = _received(est)
+    per_microbatch, per_step = received_seconds(est)
     return plan["num_micro_batches"] * (est["time_per_microbatch_s"] - per_microbatch) + \
         est.get("apply_s", 0.0) - per_step
 

@@ -111,10 +111,12 @@ def test_the_launch_overhead_is_in_the_estimate(tmp_path):
     assert iteration == pytest.approx([1e-4, 5e-3])
 
 
-def test_each_array_a_module_returns_is_priced(tmp_path):
+def test_each_array_a_module_returns_or_a_step_feeds_is_priced(tmp_path):
     """alpa-run's host work per result (`array_s`) is in each module's launch:
     a one-stage plan's once per step, a pipeline stage's per microbatch for its forward and
-    backward modules and per step for its update."""
+    backward modules and per step for its update; and per array it feeds a step's modules
+    (plan.json `feed_s`): a per-microbatch input on its mesh per microbatch, the others per
+    step."""
     text = CLUSTER.replace("  launch_s: LAUNCH\n", "  launch_s: LAUNCH\n  array_s: 2.0e-5\n")
     out = tmp_path / "one"
     done = subprocess.run([sys.executable, "-m", "alpac.cli", "compile",
@@ -124,20 +126,29 @@ def test_each_array_a_module_returns_is_priced(tmp_path):
     assert done.returncode == 0, done.stderr
     plan = json.loads((out / "plan.json").read_text())
     (module,) = plan["program"]["modules"]
-    arrays = len(module["outputs"])
-    assert arrays > 10
+    arrays, fed = len(module["outputs"]), len(plan["program"]["inputs"])
+    assert arrays > 10 and fed > 10
     assert plan["estimate"]["iteration_time_s"] - plan["stages"][0]["estimate"]["time_s"] == \
-        pytest.approx(1e-4 + 2e-5 * arrays)
+        pytest.approx(1e-4 + 2e-5 * (arrays + fed))
+    assert plan["stages"][0]["estimate"]["feed_s"]["per_step"] == pytest.approx(2e-5 * fed)
     plan = _two_stage_plan(tmp_path, "two", text)
+    program = plan["program"]
     for stage in plan["stages"]:
         want = [0.0, 0.0]
-        for m in plan["program"]["modules"]:
+        for m in program["modules"]:
             if m["stage"] == stage["index"]:
                 want[0 if m["role"] in ("forward", "backward") else 1] += \
                     1e-4 + 2e-5 * len(m["outputs"])
         got = stage["estimate"]["launch_s"]
         assert [got["per_microbatch"], got["per_step"]] == pytest.approx(want)
         assert want[0] > 2e-4 and want[1] > 1e-4
+        values = [program["values"][i["value"]] for i in program["inputs"]]
+        mine = [v["scope"] for v in values if v["mesh"] == stage["index"]]
+        got = stage["estimate"]["feed_s"]
+        assert [got["per_microbatch"], got["per_step"]] == pytest.approx(
+            [2e-5 * mine.count("microbatch"), 2e-5 * mine.count("step")])
+        assert mine.count("step") > 0
+    assert sum(s["estimate"]["feed_s"]["per_microbatch"] for s in plan["stages"]) > 0
 
 
 FUSED_CHAIN = """\

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from alpac.analysis.costmodel import CostModel, launch_seconds
+from alpac.analysis.costmodel import CostModel, feed_seconds, launch_seconds
 from alpac.hlo import Module, print_module
 from alpac.interop.pipeline import assemble, role_modules
 from alpac.interop.pricing import pipelined_peak, role_seconds
@@ -50,10 +50,12 @@ def emit_plan(source: Module, sharded: ShardedStages, cluster=None,
         program.layout = unrolled.layout() if unrolled else None
         _loop_iterations(program, stages)
         launch = _launch_seconds(_role_launches(program, cluster)).get(0, (0.0, 0.0))[1]
+        fed = _feed_seconds(program, cluster).get(0, (0.0, 0.0))[1]
         stages[0]["estimate"]["launch_s"] = {"per_microbatch": 0.0, "per_step": launch}
+        stages[0]["estimate"]["feed_s"] = {"per_microbatch": 0.0, "per_step": fed}
         entries["program"] = program.to_dict()
         entries["estimate"] = {
-            "iteration_time_s": sum(e["estimate"]["time_s"] for e in stages) + launch,
+            "iteration_time_s": sum(e["estimate"]["time_s"] for e in stages) + launch + fed,
             "peak_memory_bytes": max(e["estimate"]["peak_memory_bytes"] for e in stages),
         }
     else:
@@ -128,6 +130,20 @@ def _receive_seconds(program: Program, meshes: list, cluster
     return {mesh: (mb, step) for mesh, (mb, step) in out.items()}
 
 
+def _feed_seconds(program: Program, cluster) -> dict[int, tuple[float, float]]:
+    """Mesh -> seconds its ranks spend per microbatch and per step feeding the program's
+    inputs there (`feed_seconds`): a per-microbatch input once per microbatch, the others
+    (weights, optimizer state: carried from the step before) once per step."""
+    if cluster is None:
+        return {}
+    counts: dict[int, list[int]] = {}
+    for i in program.inputs:
+        v = program.values[i.value]
+        counts.setdefault(v.mesh, [0, 0])[0 if v.scope == "microbatch" else 1] += 1
+    return {mesh: (feed_seconds(cluster, mb), feed_seconds(cluster, step))
+            for mesh, (mb, step) in counts.items()}
+
+
 def _role_launches(program: Program, cluster) -> dict[tuple[int, str], float]:
     """(stage, role) -> seconds of launching that stage's modules of that role once each (a
     calibrated cluster's `launch_seconds`): `launch_s` per execution, and `array_s` per array
@@ -191,6 +207,7 @@ def _pipelined(source: Module, sharded: ShardedStages, entries: list[dict],
     _loop_iterations(program, entries)
     S = len(sharded.stages)
     receives = _receive_seconds(program, [s.stage.mesh for s in sharded.stages], cluster)
+    feeds = _feed_seconds(program, cluster)
     role_launches = _role_launches(program, cluster)
     launches = _launch_seconds(role_launches)
     times, applies, peaks = [], [], []
@@ -198,11 +215,14 @@ def _pipelined(source: Module, sharded: ShardedStages, entries: list[dict],
         figures, in_flight, peak = pipelined_peak(done.stage.pipeline_stage, done.sharding,
                                                   S, s, B)
         launch, received = launches.get(s, (0.0, 0.0)), receives.get(s, (0.0, 0.0))
-        figures = figures.plus(launch[0] + received[0], launch[1] + received[1])
+        fed = feeds.get(s, (0.0, 0.0))
+        figures = figures.plus(launch[0] + received[0] + fed[0],
+                               launch[1] + received[1] + fed[1])
         entry["estimate"].update({
             "time_per_microbatch_s": figures.t, "apply_s": figures.apply,
             "launch_s": dict(zip(("per_microbatch", "per_step"), launch)),
             "receive_s": dict(zip(("per_microbatch", "per_step"), received)),
+            "feed_s": dict(zip(("per_microbatch", "per_step"), fed)),
             "static_bytes": figures.static_bytes,
             "transient_bytes": figures.transient_bytes,
             "activation_bytes_per_microbatch": figures.activation_bytes,

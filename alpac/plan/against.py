@@ -16,7 +16,8 @@ from rich.table import Table
 
 from alpac.errors import UserError
 from alpac.plan.io import plan_identity
-from alpac.plan.trace import module_estimates, received_seconds, stage_busy_estimate
+from alpac.plan.trace import (fed_seconds, module_estimates, received_seconds,
+                              stage_busy_estimate)
 from alpac.units import duration
 
 
@@ -75,10 +76,10 @@ def compare(plan: dict, report: dict) -> list[Row]:
 
 @dataclass(frozen=True)
 class RankRow:
-    """Where one rank's iteration went: (estimated or None, measured) seconds per part."""
+    """Where one rank's iteration went: (estimated, measured) seconds per part."""
     rank: str
     stages: str  # "mesh: stages; ..." of the meshes it holds devices of
-    parts: dict[str, tuple[float | None, float]]
+    parts: dict[str, tuple[float, float]]
 
 
 PARTS = {"modules": "modules_s", "transfers": "transfers_s", "waiting": "waiting_s",
@@ -87,8 +88,9 @@ PARTS = {"modules": "modules_s", "transfers": "transfers_s", "waiting": "waiting
 
 def breakdown(plan: dict, report: dict) -> list[RankRow]:
     """Per rank of the report: its median seconds per part (the first iteration excluded);
-    estimated from its stages' figures: their modules' busy time, their receives, and the
-    rest of the estimated iteration as waiting (the pipeline's bubble, the slowest update)."""
+    estimated from its stages' figures: their modules' busy time, their receives, their
+    feeding of inputs (other), and the rest of the estimated iteration as waiting (the
+    pipeline's bubble, the slowest update)."""
     by_index = {s["index"]: s for s in plan["stages"]}
     stages_of = {m["mesh"]: [by_index[s] for s in m["stages"] if s in by_index]
                  for m in report["stages"]}
@@ -100,10 +102,11 @@ def breakdown(plan: dict, report: dict) -> list[RankRow]:
         if not stages:
             continue
         modules = sum(stage_busy_estimate(plan, s) for s in stages)
-        received = sum(B * mb + step for mb, step in (received_seconds(s["estimate"])
-                                                          for s in stages))
+        received, fed = (sum(B * mb + step for mb, step in (seconds(s["estimate"])
+                                                            for s in stages))
+                         for seconds in (received_seconds, fed_seconds))
         estimated = {"modules": modules, "transfers": received,
-                     "waiting": max(iteration - modules - received, 0.0), "other": None}
+                     "waiting": max(iteration - modules - received - fed, 0.0), "other": fed}
         label = "; ".join(f"{m}: {','.join(str(s['index']) for s in stages_of[m])}"
                           for m in rank["meshes"] if stages_of.get(m))
         rows.append(RankRow(str(rank["rank"]), label, {
@@ -149,13 +152,13 @@ def render_breakdown(rows: list[RankRow], console: Console) -> None:
         return
     console.print("where each rank's iteration went (medians; estimated waiting: the rest of "
                   "the estimated iteration; other: feeding inputs, zeroing, moving outputs to "
-                  "the next step, bookkeeping)")
+                  "the next step, bookkeeping, of which the plan prices the feeding)")
     table = Table(show_edge=False)
     for col in ("rank", "meshes: stages", "", *PARTS):
         table.add_column(col, justify="right" if col in PARTS else "left")
     for r in rows:
         table.add_row(r.rank, r.stages, "estimated",
-                      *("-" if est is None else duration(est) for est, _ in r.parts.values()))
+                      *(duration(est) for est, _ in r.parts.values()))
         table.add_row("", "", "measured", *(duration(m) for _, m in r.parts.values()))
     console.print(table)
 

@@ -108,7 +108,7 @@ def module_estimates(plan: dict, forward_share: float | None = None) -> dict[str
     for m in plan.get("program", {}).get("modules", []):
         est = by_stage.get(m["stage"], {})
         t = est.get("time_per_microbatch_s")
-        received = received_seconds(est)
+        received = beside_modules(est)
         if t is not None and m["role"] in (Role.FORWARD, Role.BACKWARD):
             share = _share(est, forward_share, backward)
             t -= received[0]
@@ -140,12 +140,25 @@ def received_seconds(est: dict) -> tuple[float, float]:
     return r.get("per_microbatch", 0.0), r.get("per_step", 0.0)
 
 
+def fed_seconds(est: dict) -> tuple[float, float]:
+    """Seconds a stage's estimate counts for feeding the program's inputs on its mesh, per
+    microbatch and per step (in its time or the iteration's, not in its modules')."""
+    r = est.get("feed_s") or {}
+    return r.get("per_microbatch", 0.0), r.get("per_step", 0.0)
+
+
+def beside_modules(est: dict) -> tuple[float, float]:
+    """Receiving and feeding: what a stage's time holds beside its modules' work."""
+    (r_mb, r_step), (f_mb, f_step) = received_seconds(est), fed_seconds(est)
+    return r_mb + f_mb, r_step + f_step
+
+
 def stage_busy_estimate(plan: dict, stage: dict) -> float:
     """Seconds a stage's modules compute per iteration: every microbatch and its update."""
     est = stage["estimate"]
     if "time_per_microbatch_s" not in est:
         return est["time_s"] + launch_seconds(plan, est)
-    per_microbatch, per_step = received_seconds(est)
+    per_microbatch, per_step = beside_modules(est)
     return plan["num_micro_batches"] * (est["time_per_microbatch_s"] - per_microbatch) + \
         est.get("apply_s", 0.0) - per_step
 
@@ -170,7 +183,8 @@ def predict(plan: dict, forward_share: float | None = None) -> Prediction:
     if not _pipelined(plan):
         spans, t = [], 0.0
         for s in plan["stages"]:  # one module per step (a one-stage plan)
-            end = t + s["estimate"]["time_s"] + launch_seconds(plan, s["estimate"])
+            end = t + s["estimate"]["time_s"] + launch_seconds(plan, s["estimate"]) + \
+                fed_seconds(s["estimate"])[1]
             spans.append(Span(s["index"], "step", Role.STEP, t, end, {"stage": s["index"]}))
             t = spans[-1].end
         return Prediction(tracks, spans, t)

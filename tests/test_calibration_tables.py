@@ -139,6 +139,10 @@ def test_each_array_a_module_returns_or_a_step_feeds_is_priced(tmp_path):
             if m["stage"] == stage["index"]:
                 want[0 if m["role"] in ("forward", "backward") else 1] += \
                     1e-4 + 2e-5 * len(m["outputs"])
+        zeroed = [a for a in program["accumulators"]
+                  if program["values"][a]["mesh"] == stage["index"]]
+        assert zeroed  # one module zeroes them per step
+        want[1] += 1e-4 + 2e-5 * len(zeroed)
         got = stage["estimate"]["launch_s"]
         assert [got["per_microbatch"], got["per_step"]] == pytest.approx(want)
         assert want[0] > 2e-4 and want[1] > 1e-4
@@ -346,12 +350,25 @@ def _two_stage_plan(tmp_path, name: str, text: str) -> dict:
     return json.loads((out / "plan.json").read_text())
 
 
-def test_a_stage_s_time_includes_receiving_from_the_other_stage(tmp_path):
+def test_a_stage_s_time_includes_receiving_from_and_sending_to_the_other_stage(tmp_path):
     """alpa-run receives between modules on the host: every transfer into a stage is priced
     as the cluster's send of its bytes (the measured table across nodes) and counted in that
-    stage's time per microbatch or per step, and so in the iteration."""
+    stage's time per microbatch or per step, and so in the iteration. Sending costs the
+    source stage its copy through the host (the table between two devices of a node), none
+    without that table."""
     slow = CLUSTER.replace("[[1024, 8.0e-5], [1048576, 3.0e-3]]",
                            "[[1024, 8.0e-4], [1048576, 3.0e-2]]")
+    staged = CLUSTER + "    intra_node: [[1024, 2.0e-5], [1048576, 1.0e-3]]\n"
+    plan = _two_stage_plan(tmp_path, "staged", staged)
+    table = load_cluster(cluster(tmp_path, text=staged)).calibration.send["intra_node"]
+    want = {}
+    for t in plan["program"]["transfers"]:
+        per = want.setdefault(t["src_mesh"], [0.0, 0.0])
+        per[0 if t["scope"] == "microbatch" else 1] += table(t["bytes"])
+    got = {s["index"]: s["estimate"]["send_s"] for s in plan["stages"]}
+    assert {m: [g["per_microbatch"], g["per_step"]] for m, g in got.items() if m in want} == \
+        {m: pytest.approx(w) for m, w in want.items()}
+    assert all(w[0] > 0 for w in want.values()) and len(want) == 2
     plans = {name: _two_stage_plan(tmp_path, name, text)
              for name, text in (("fast", CLUSTER), ("slow", slow))}
     for name, plan in plans.items():
@@ -364,6 +381,8 @@ def test_a_stage_s_time_includes_receiving_from_the_other_stage(tmp_path):
             per = want.setdefault(t["dst_mesh"], [0.0, 0.0])
             per[0 if t["scope"] == "microbatch" else 1] += table(t["bytes"])
         got = {s["index"]: s["estimate"]["receive_s"] for s in plan["stages"]}
+        assert all(s["estimate"]["send_s"] == {"per_microbatch": 0.0, "per_step": 0.0}
+                   for s in plan["stages"])
         for mesh, (per_microbatch, per_step) in want.items():
             assert got[mesh]["per_microbatch"] == pytest.approx(per_microbatch)
             assert got[mesh]["per_step"] == pytest.approx(per_step)

@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from alpac.analysis.costmodel import CostModel, feed_seconds, launch_seconds
+from alpac.analysis.costmodel import (CostModel, feed_seconds, launch_seconds,
+                                      staging_seconds)
 from alpac.hlo import Module, print_module
 from alpac.interop.pipeline import assemble, role_modules
 from alpac.interop.pricing import pipelined_peak, role_seconds
@@ -130,6 +131,19 @@ def _receive_seconds(program: Program, meshes: list, cluster
     return {mesh: (mb, step) for mesh, (mb, step) in out.items()}
 
 
+def _send_seconds(program: Program, cluster) -> dict[int, tuple[float, float]]:
+    """Mesh -> seconds its ranks spend per microbatch and per step sending values to other
+    meshes (`staging_seconds`: copying them off the devices and packing them, between the
+    source's modules)."""
+    if cluster is None:
+        return {}
+    out: dict[int, list[float]] = {}
+    for t in program.transfers:
+        per = out.setdefault(t.src_mesh, [0.0, 0.0])
+        per[0 if t.scope == "microbatch" else 1] += staging_seconds(cluster, t.bytes)
+    return {mesh: (mb, step) for mesh, (mb, step) in out.items()}
+
+
 def _feed_seconds(program: Program, cluster) -> dict[int, tuple[float, float]]:
     """Mesh -> seconds its ranks spend per microbatch and per step feeding the program's
     inputs there (`feed_seconds`): a per-microbatch input once per microbatch, the others
@@ -148,13 +162,20 @@ def _role_launches(program: Program, cluster) -> dict[tuple[int, str], float]:
     """(stage, role) -> seconds of launching that stage's modules of that role once each (a
     calibrated cluster's `launch_seconds`): `launch_s` per execution, and `array_s` per array
     it returns (the host's work per result; a small GPT's one-stage step returns ~200: its
-    weights and optimizer state)."""
+    weights and optimizer state); and (stage, "zero"): the module alpa-run runs at the start
+    of each step that zeroes the stage's gradient accumulators."""
     if cluster is None:
         return {}
     out: dict[tuple[int, str], float] = {}
     for m in program.modules:
         out[m.stage, m.role] = out.get((m.stage, m.role), 0.0) + \
             launch_seconds(cluster, len(m.outputs))
+    zeroed: dict[int, int] = {}
+    for name in program.accumulators:
+        mesh = program.values[name].mesh
+        zeroed[mesh] = zeroed.get(mesh, 0) + 1
+    for mesh, arrays in zeroed.items():  # one mesh per stage
+        out[mesh, "zero"] = launch_seconds(cluster, arrays)
     return out
 
 
@@ -207,6 +228,7 @@ def _pipelined(source: Module, sharded: ShardedStages, entries: list[dict],
     _loop_iterations(program, entries)
     S = len(sharded.stages)
     receives = _receive_seconds(program, [s.stage.mesh for s in sharded.stages], cluster)
+    sends = _send_seconds(program, cluster)
     feeds = _feed_seconds(program, cluster)
     role_launches = _role_launches(program, cluster)
     launches = _launch_seconds(role_launches)
@@ -215,13 +237,14 @@ def _pipelined(source: Module, sharded: ShardedStages, entries: list[dict],
         figures, in_flight, peak = pipelined_peak(done.stage.pipeline_stage, done.sharding,
                                                   S, s, B)
         launch, received = launches.get(s, (0.0, 0.0)), receives.get(s, (0.0, 0.0))
-        fed = feeds.get(s, (0.0, 0.0))
-        figures = figures.plus(launch[0] + received[0] + fed[0],
-                               launch[1] + received[1] + fed[1])
+        fed, sent = feeds.get(s, (0.0, 0.0)), sends.get(s, (0.0, 0.0))
+        figures = figures.plus(launch[0] + received[0] + sent[0] + fed[0],
+                               launch[1] + received[1] + sent[1] + fed[1])
         entry["estimate"].update({
             "time_per_microbatch_s": figures.t, "apply_s": figures.apply,
             "launch_s": dict(zip(("per_microbatch", "per_step"), launch)),
             "receive_s": dict(zip(("per_microbatch", "per_step"), received)),
+            "send_s": dict(zip(("per_microbatch", "per_step"), sent)),
             "feed_s": dict(zip(("per_microbatch", "per_step"), fed)),
             "static_bytes": figures.static_bytes,
             "transient_bytes": figures.transient_bytes,

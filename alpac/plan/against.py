@@ -16,8 +16,8 @@ from rich.table import Table
 
 from alpac.errors import UserError
 from alpac.plan.io import plan_identity
-from alpac.plan.trace import (fed_seconds, module_estimates, received_seconds,
-                              stage_busy_estimate)
+from alpac.plan.trace import (fed_seconds, module_estimates, stage_busy_estimate,
+                              transfer_seconds)
 from alpac.units import duration
 
 
@@ -88,8 +88,8 @@ PARTS = {"modules": "modules_s", "transfers": "transfers_s", "waiting": "waiting
 
 def breakdown(plan: dict, report: dict) -> list[RankRow]:
     """Per rank of the report: its median seconds per part (the first iteration excluded);
-    estimated from its stages' figures: their modules' busy time, their receives, their
-    feeding of inputs (other), and the rest of the estimated iteration as waiting (the
+    estimated from its stages' figures: their modules' busy time, their receives and sends,
+    their feeding of inputs (other), and the rest of the estimated iteration as waiting (the
     pipeline's bubble, the slowest update)."""
     by_index = {s["index"]: s for s in plan["stages"]}
     stages_of = {m["mesh"]: [by_index[s] for s in m["stages"] if s in by_index]
@@ -104,7 +104,7 @@ def breakdown(plan: dict, report: dict) -> list[RankRow]:
         modules = sum(stage_busy_estimate(plan, s) for s in stages)
         received, fed = (sum(B * mb + step for mb, step in (seconds(s["estimate"])
                                                             for s in stages))
-                         for seconds in (received_seconds, fed_seconds))
+                         for seconds in (transfer_seconds, fed_seconds))
         estimated = {"modules": modules, "transfers": received,
                      "waiting": max(iteration - modules - received - fed, 0.0), "other": fed}
         label = "; ".join(f"{m}: {','.join(str(s['index']) for s in stages_of[m])}"

@@ -133,24 +133,28 @@ def launch_seconds(plan: dict, est: dict) -> float:
     return (plan["cluster"].get("calibration") or {}).get("launch_s", 0.0)
 
 
-def received_seconds(est: dict) -> tuple[float, float]:
-    """Seconds a stage's estimate counts for receiving from other stages, per microbatch and
-    per step (in its time, not in its modules')."""
-    r = est.get("receive_s") or {}
-    return r.get("per_microbatch", 0.0), r.get("per_step", 0.0)
+def transfer_seconds(est: dict) -> tuple[float, float]:
+    """Seconds a stage's estimate counts for receiving from and sending to other stages, per
+    microbatch and per step (in its time, not in its modules')."""
+    (r_mb, r_step), (s_mb, s_step) = _per(est, "receive_s"), _per(est, "send_s")
+    return r_mb + s_mb, r_step + s_step
 
 
 def fed_seconds(est: dict) -> tuple[float, float]:
     """Seconds a stage's estimate counts for feeding the program's inputs on its mesh, per
     microbatch and per step (in its time or the iteration's, not in its modules')."""
-    r = est.get("feed_s") or {}
-    return r.get("per_microbatch", 0.0), r.get("per_step", 0.0)
+    return _per(est, "feed_s")
 
 
 def beside_modules(est: dict) -> tuple[float, float]:
-    """Receiving and feeding: what a stage's time holds beside its modules' work."""
-    (r_mb, r_step), (f_mb, f_step) = received_seconds(est), fed_seconds(est)
-    return r_mb + f_mb, r_step + f_step
+    """Transfers and feeding: what a stage's time holds beside its modules' work."""
+    (t_mb, t_step), (f_mb, f_step) = transfer_seconds(est), fed_seconds(est)
+    return t_mb + f_mb, t_step + f_step
+
+
+def _per(est: dict, key: str) -> tuple[float, float]:
+    r = est.get(key) or {}
+    return r.get("per_microbatch", 0.0), r.get("per_step", 0.0)
 
 
 def stage_busy_estimate(plan: dict, stage: dict) -> float:

@@ -62,8 +62,9 @@ def staging_seconds(cluster, nbytes: float) -> float:
     """alpa-run's host work on the sending side of a transfer between meshes: its devices'
     pieces copied to the host and packed into messages, priced by a calibrated file's
     `send.intra_node` table (a piece moved between two devices of one rank through the
-    host); 0 unless calibrated, like all host work. A small transfer's sends took 0.05-0.14
-    ms each in a two-stage MLP pipeline here, unpriced before."""
+    host); 0 unless calibrated, like all host work. The receiving stage pays the whole hop
+    (the `send` table, this copy in it): it waits while the sender copies. A small
+    transfer's sends took 0.05-0.14 ms each in a two-stage MLP pipeline here."""
     calibration = cluster.calibration
     table = calibration.send.get("intra_node") if calibration is not None else None
     return table(nbytes) if table is not None else 0.0

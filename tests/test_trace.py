@@ -13,6 +13,7 @@ import copy
 import json
 import math
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -215,6 +216,15 @@ def test_report_says_where_each_rank_s_step_went(run):
         assert all(min(r[p]) >= 0 for p in parts), r
         assert all(r["modules_s"]) and all(r["transfers_s"])
     assert any(w > 0 for r in ranks for w in r["waiting_s"])
+    # ranks holding the same meshes are one row, each part the median over them
+    four = copy.deepcopy(report)
+    four["per_rank"] = [{**ranks[r // 2], "rank": r,
+                         "waiting_s": [w * (1 + r) for w in ranks[r // 2]["waiting_s"]]}
+                        for r in range(4)]
+    grouped = breakdown(plan, four)
+    assert [(g.ranks, g.stages) for g in grouped] == [("0,1", "0: 0"), ("2,3", "1: 1")]
+    waits = [statistics.median(r["waiting_s"][1:]) for r in four["per_rank"]]
+    assert grouped[0].parts["waiting"][1] == pytest.approx((waits[0] + waits[1]) / 2)
     rows = breakdown(plan, report)
     estimate = plan["estimate"]["iteration_time_s"]
     for row, stage in zip(rows, plan["stages"]):

@@ -76,9 +76,10 @@ def compare(plan: dict, report: dict) -> list[Row]:
 
 @dataclass(frozen=True)
 class RankRow:
-    """Where one rank's iteration went: (estimated, measured) seconds per part."""
-    rank: str
-    stages: str  # "mesh: stages; ..." of the meshes it holds devices of
+    """Where the iteration of the ranks that hold the same meshes went: (estimated,
+    measured) seconds per part, measured as the median over those ranks of each one's."""
+    ranks: str  # "2" or "0-7"
+    stages: str  # "mesh: stages; ..." of the meshes they hold devices of
     parts: dict[str, tuple[float, float]]
 
 
@@ -87,31 +88,46 @@ PARTS = {"modules": "modules_s", "transfers": "transfers_s", "waiting": "waiting
 
 
 def breakdown(plan: dict, report: dict) -> list[RankRow]:
-    """Per rank of the report: its median seconds per part (the first iteration excluded);
-    estimated from its stages' figures: their modules' busy time, their receives and sends,
-    their feeding of inputs (other), and the rest of the estimated iteration as waiting (the
-    pipeline's bubble, the slowest update)."""
+    """Per group of ranks holding the same meshes: the median over them of each rank's
+    median seconds per part (the first iteration excluded); estimated from their stages'
+    figures: the modules' busy time, the receives and sends, the feeding of inputs (other),
+    and the rest of the estimated iteration as waiting (the pipeline's bubble, the slowest
+    update)."""
     by_index = {s["index"]: s for s in plan["stages"]}
     stages_of = {m["mesh"]: [by_index[s] for s in m["stages"] if s in by_index]
                  for m in report["stages"]}
-    iteration = plan["estimate"]["iteration_time_s"]
-    B = plan.get("num_micro_batches", 1)
-    rows = []
+    groups: dict[tuple, list[dict]] = {}
     for rank in report.get("per_rank", []):
-        stages = [s for mesh in rank["meshes"] for s in stages_of.get(mesh, [])]
-        if not stages:
-            continue
-        modules = sum(stage_busy_estimate(plan, s) for s in stages)
-        received, fed = (sum(B * mb + step for mb, step in (seconds(s["estimate"])
-                                                            for s in stages))
-                         for seconds in (transfer_seconds, fed_seconds))
-        estimated = {"modules": modules, "transfers": received,
-                     "waiting": max(iteration - modules - received - fed, 0.0), "other": fed}
+        if any(stages_of.get(mesh) for mesh in rank["meshes"]):
+            groups.setdefault(tuple(rank["meshes"]), []).append(rank)
+    rows = []
+    for meshes, ranks in groups.items():
+        estimated = _estimated_parts(plan, [s for m in meshes for s in stages_of.get(m, [])])
         label = "; ".join(f"{m}: {','.join(str(s['index']) for s in stages_of[m])}"
-                          for m in rank["meshes"] if stages_of.get(m))
-        rows.append(RankRow(str(rank["rank"]), label, {
-            part: (estimated[part], _median(rank[key])) for part, key in PARTS.items()}))
+                          for m in meshes if stages_of.get(m))
+        rows.append(RankRow(_ranks(r["rank"] for r in ranks), label, {
+            part: (estimated[part], statistics.median(_median(r[key]) for r in ranks))
+            for part, key in PARTS.items()}))
     return rows
+
+
+def _estimated_parts(plan: dict, stages: list[dict]) -> dict[str, float]:
+    B = plan.get("num_micro_batches", 1)
+    modules = sum(stage_busy_estimate(plan, s) for s in stages)
+    transfers, fed = (sum(B * mb + step for mb, step in (seconds(s["estimate"])
+                                                         for s in stages))
+                      for seconds in (transfer_seconds, fed_seconds))
+    rest = plan["estimate"]["iteration_time_s"] - modules - transfers - fed
+    return {"modules": modules, "transfers": transfers, "waiting": max(rest, 0.0),
+            "other": fed}
+
+
+def _ranks(numbers) -> str:
+    """"3", "0-7" for a contiguous run, else "0,2,5"."""
+    n = sorted(numbers)
+    if len(n) > 2 and n[-1] - n[0] == len(n) - 1:
+        return f"{n[0]}-{n[-1]}"
+    return ",".join(map(str, n))
 
 
 def _median(values: list[float]) -> float:
@@ -147,17 +163,18 @@ def render(rows: list[Row], report: dict, console: Console, calibrated: bool = T
 
 
 def render_breakdown(rows: list[RankRow], console: Console) -> None:
-    """Per rank, two lines: the estimated and the measured seconds of each part."""
+    """Per group of ranks, two lines: the estimated and the measured seconds of each part."""
     if not rows:
         return
-    console.print("where each rank's iteration went (medians; estimated waiting: the rest of "
+    console.print("where each rank's iteration went (medians, over the ranks holding the same "
+                  "meshes too; estimated waiting: the rest of "
                   "the estimated iteration; other: feeding inputs, zeroing, moving outputs to "
                   "the next step, bookkeeping, of which the plan prices the feeding)")
     table = Table(show_edge=False)
-    for col in ("rank", "meshes: stages", "", *PARTS):
+    for col in ("ranks", "meshes: stages", "", *PARTS):
         table.add_column(col, justify="right" if col in PARTS else "left")
     for r in rows:
-        table.add_row(r.rank, r.stages, "estimated",
+        table.add_row(r.ranks, r.stages, "estimated",
                       *(duration(est) for est, _ in r.parts.values()))
         table.add_row("", "", "measured", *(duration(m) for _, m in r.parts.values()))
     console.print(table)

@@ -124,6 +124,7 @@ class _Builder:
         self.death: dict[int, int] = {}
         self.live_values: dict[int, Value] = {}
         self._reshard_cache: dict = {}
+        self._matrix_cache: dict = {}
         self._transparent_done: set = set()  # (id(operand), node, required, mult) priced
         self.values = self.out.values  # one environment: instructions are unique objects
         self.users = {i: u for c in module.computations for i, u in c.users().items()}
@@ -140,6 +141,21 @@ class _Builder:
                     for c in reshard(shape.dims, shape.element_bits, src, dst, self.mesh_shape))
             self._reshard_cache[key] = t
         return t
+
+    def reshard_matrix(self, shape: Shape, srcs: list[Sharding], dsts: list[Sharding]
+                       ) -> np.ndarray:
+        """Seconds of resharding from each of `srcs` to each of `dsts` (read-only: cached, as
+        the identical layers of a deep model ask for the same matrices again and again)."""
+        key = (shape.dims, shape.element_bits, tuple(srcs), tuple(dsts))
+        matrix = self._matrix_cache.get(key)
+        if matrix is None:
+            src_ids, distinct_srcs = _index(srcs)
+            dst_ids, distinct_dsts = _index(dsts)
+            table = np.array([[self.reshard_seconds(shape, a, b) if a != b else 0.0
+                               for b in distinct_dsts] for a in distinct_srcs])
+            matrix = self._matrix_cache[key] = table[np.ix_(src_ids, dst_ids)]
+            matrix.flags.writeable = False
+        return matrix
 
     # ---- values ---------------------------------------------------------------------------
     def new_value(self, node, shardings, instr, leaf, shape) -> Value:
@@ -374,11 +390,7 @@ class _Builder:
                 self.graph.constant += mult * self.reshard_seconds(v.shape, v.shardings[0],
                                                                    required[0])
             return
-        src_ids, srcs = _index(v.shardings)
-        dst_ids, dsts = _index(required)
-        table = np.array([[mult * self.reshard_seconds(v.shape, a, b) if a != b else 0.0
-                           for b in dsts] for a in srcs])
-        matrix = table[np.ix_(src_ids, dst_ids)]
+        matrix = mult * self.reshard_matrix(v.shape, v.shardings, required)
         if v.node is None:
             self.graph.node_costs[node] = self.graph.node_costs[node] + matrix[0]
         elif node is None:

@@ -296,14 +296,20 @@ def c_groups_bad(assign, groups, mesh_shape, axes) -> bool:
 
 def reduce_strategies(instr: Instruction, mesh_shape) -> list[Strategy]:
     n_in = len(instr.operands) // 2
-    data = instr.operands[:n_in]
-    reduced = set(instr.dims("dimensions"))
-    rank = data[0].shape.rank
-    kept = [d for d in range(rank) if d not in reduced]
-    out_dims = tuple(data[0].shape.dims[d] for d in kept)
-    choices = [None] + [("k", i) for i in range(len(kept))] + [("r", d) for d in sorted(reduced)]
-    axes = _axes(mesh_shape)
     leaves = leaf_shapes(instr)
+    return list(_reduce_strategies(
+        n_in, tuple(instr.operands[0].shape.dims), tuple(sorted(set(instr.dims("dimensions")))),
+        len(leaves), sum(s.element_bits for s in leaves), tuple(mesh_shape)))
+
+
+@functools.lru_cache(maxsize=4096)  # like `_dot_strategies`: identical layers ask alike
+def _reduce_strategies(n_in: int, dims: tuple, reduced: tuple, n_leaves: int, bits: int,
+                       mesh_shape: tuple) -> tuple[Strategy, ...]:
+    rank = len(dims)
+    kept = [d for d in range(rank) if d not in reduced]
+    out_dims = tuple(dims[d] for d in kept)
+    choices = [None] + [("k", i) for i in range(len(kept))] + [("r", d) for d in reduced]
+    axes = _axes(mesh_shape)
     out: list[Strategy] = []
     for assign in itertools.product(choices, repeat=len(axes)):
         ia = [[] for _ in range(rank)]
@@ -319,17 +325,16 @@ def reduce_strategies(instr: Instruction, mesh_shape) -> list[Strategy]:
             else:
                 ia[c[1]].append(axis)
                 partial.append(axis)
-        if not (_fits(data[0].shape.dims, ia, mesh_shape) and _fits(out_dims, oa, mesh_shape)):
+        if not (_fits(dims, ia, mesh_shape) and _fits(out_dims, oa, mesh_shape)):
             continue
         divisor = _size(mesh_shape, [a for a, c in zip(axes, assign) if c is not None])
         ins = tuple([_sharding(ia)] * n_in) + tuple(Sharding.replicated(0)
                                                    for _ in range(n_in))
-        bits = sum(s.element_bits for s in leaves)
         for name, osh, colls in _reduction_variants(",".join(names) or "R", oa, out_dims,
                                                     partial, bits, mesh_shape,
-                                                    scatter=len(leaves) == 1):
-            out.append(Strategy(name, tuple(osh for _ in leaves), ins, divisor, colls))
-    return out
+                                                    scatter=n_leaves == 1):
+            out.append(Strategy(name, tuple(osh for _ in range(n_leaves)), ins, divisor, colls))
+    return tuple(out)
 
 
 def gather_strategies(instr: Instruction, mesh_shape) -> list[Strategy]:

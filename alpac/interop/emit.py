@@ -120,15 +120,13 @@ def _receive_seconds(program: Program, meshes: list, cluster
     the message, put it on the devices), so a stage's time includes them; each transfer is
     priced as the cluster's send of its bytes from the source mesh's first device to the
     destination's (a calibrated file's measured table)."""
-    if cluster is None or not program.transfers:
+    if cluster is None:
         return {}
-    out: dict[int, list[float]] = {}
-    for t in program.transfers:
+
+    def seconds(t) -> float:
         src, dst = (program.meshes[m].devices[0] for m in (t.src_mesh, t.dst_mesh))
-        seconds = CostModel(cluster, meshes[t.dst_mesh]).send(t.bytes, src, dst)
-        per = out.setdefault(t.dst_mesh, [0.0, 0.0])
-        per[0 if t.scope == "microbatch" else 1] += seconds
-    return {mesh: (mb, step) for mesh, (mb, step) in out.items()}
+        return CostModel(cluster, meshes[t.dst_mesh]).send(t.bytes, src, dst)
+    return _by_mesh((t.dst_mesh, t.scope, seconds(t)) for t in program.transfers)
 
 
 def _send_seconds(program: Program, cluster) -> dict[int, tuple[float, float]]:
@@ -137,25 +135,27 @@ def _send_seconds(program: Program, cluster) -> dict[int, tuple[float, float]]:
     source's modules)."""
     if cluster is None:
         return {}
-    out: dict[int, list[float]] = {}
-    for t in program.transfers:
-        per = out.setdefault(t.src_mesh, [0.0, 0.0])
-        per[0 if t.scope == "microbatch" else 1] += staging_seconds(cluster, t.bytes)
-    return {mesh: (mb, step) for mesh, (mb, step) in out.items()}
+    return _by_mesh((t.src_mesh, t.scope, staging_seconds(cluster, t.bytes))
+                    for t in program.transfers)
 
 
 def _feed_seconds(program: Program, cluster) -> dict[int, tuple[float, float]]:
     """Mesh -> seconds its ranks spend per microbatch and per step feeding the program's
-    inputs there (`feed_seconds`): a per-microbatch input once per microbatch, the others
-    (weights, optimizer state: carried from the step before) once per step."""
+    inputs there (`feed_seconds`, per array): a per-microbatch input once per microbatch,
+    the others (weights, optimizer state: carried from the step before) once per step."""
     if cluster is None:
         return {}
-    counts: dict[int, list[int]] = {}
-    for i in program.inputs:
-        v = program.values[i.value]
-        counts.setdefault(v.mesh, [0, 0])[0 if v.scope == "microbatch" else 1] += 1
-    return {mesh: (feed_seconds(cluster, mb), feed_seconds(cluster, step))
-            for mesh, (mb, step) in counts.items()}
+    per_array = feed_seconds(cluster, 1)
+    return _by_mesh((program.values[i.value].mesh, program.values[i.value].scope, per_array)
+                    for i in program.inputs)
+
+
+def _by_mesh(items) -> dict[int, tuple[float, float]]:
+    """(mesh, scope, seconds) items summed per mesh: (per microbatch, per step)."""
+    out: dict[int, list[float]] = {}
+    for mesh, scope, seconds in items:
+        out.setdefault(mesh, [0.0, 0.0])[0 if scope == "microbatch" else 1] += seconds
+    return {mesh: (mb, step) for mesh, (mb, step) in out.items()}
 
 
 def _role_launches(program: Program, cluster) -> dict[tuple[int, str], float]:

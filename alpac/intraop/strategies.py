@@ -451,12 +451,9 @@ def follow(instr: Instruction, index: int, s: Sharding, mesh_shape) -> Strategy:
     ops = instr.operands
     rank = instr.shape.rank if not instr.shape.is_tuple else None
 
-    def same_for_all(out: Sharding, keep: Sharding | None = None) -> Strategy:
-        ins = tuple(out if (o.shape.rank == out.rank and not o.shape.is_tuple) else
-                    Sharding.replicated(o.shape.rank) for o in ops)
-        if keep is not None:
-            ins = (keep,) + ins[1:]
-        return Strategy(str(out), (out,), ins, out.num_tiles(mesh_shape))
+    def same_for_all(out: Sharding) -> Strategy:
+        return _same_for_all(tuple((o.shape.rank, o.shape.is_tuple) for o in ops), out,
+                             tuple(mesh_shape))
 
     if op in IDENTITY or op in ELEMENTWISE or (op == "custom-call"):
         if op == "opt-barrier":
@@ -502,6 +499,15 @@ def follow(instr: Instruction, index: int, s: Sharding, mesh_shape) -> Strategy:
         ins = tuple(Sharding.replicated(o.shape.rank) for o in ops)
         return Strategy(str(kept), outs, ins, 1)
     raise ValueError(f"no follow rule for {op}")
+
+
+@functools.lru_cache(maxsize=4096)  # most instructions are elementwise: ask alike per layer
+def _same_for_all(operands: tuple, out: Sharding, mesh_shape: tuple) -> Strategy:
+    """`out` for the result and every array operand of its rank (`operands`: each one's
+    (rank, is a tuple)), the others replicated."""
+    ins = tuple(out if r == out.rank and not is_tuple else Sharding.replicated(r)
+                for r, is_tuple in operands)
+    return Strategy(str(out), (out,), ins, out.num_tiles(mesh_shape))
 
 
 def _whole_dims(instr: Instruction) -> set[int]:

@@ -112,6 +112,7 @@ def breakdown(plan: dict, report: dict) -> list[RankRow]:
 
 
 def _estimated_parts(plan: dict, stages: list[dict]) -> dict[str, float]:
+    """`breakdown`'s estimated seconds per part for ranks that hold these stages."""
     B = plan.get("num_micro_batches", 1)
     modules = sum(stage_busy_estimate(plan, s) for s in stages)
     transfers, fed = (sum(B * mb + step for mb, step in (seconds(s["estimate"])
@@ -123,7 +124,7 @@ def _estimated_parts(plan: dict, stages: list[dict]) -> dict[str, float]:
 
 
 def _ranks(numbers) -> str:
-    """"3", "0-7" for a contiguous run, else "0,2,5"."""
+    """A group's ranks as a label: 3; 0-7 for a contiguous run; else 0,2,5."""
     n = sorted(numbers)
     if len(n) > 2 and n[-1] - n[0] == len(n) - 1:
         return f"{n[0]}-{n[-1]}"

@@ -108,7 +108,7 @@ SPENT = {"run": "modules_s", "send": "transfers_s", "recv": "transfers_s",
 
 
 def rank_times(per_rank: list) -> list[dict]:
-    """Per rank, where each iteration's step went (the module docstring's `ranks`)."""
+    """Per rank, where each iteration's step went (the module docstring's `per_rank`)."""
     out = []
     for r, stats in enumerate(per_rank):
         row = {"rank": r, "meshes": sorted(stats[0].busy) if stats else [],

@@ -141,11 +141,11 @@ def _send_seconds(program: Program, cluster) -> dict[int, tuple[float, float]]:
 
 def _feed_seconds(program: Program, cluster) -> dict[int, tuple[float, float]]:
     """Mesh -> seconds its ranks spend per microbatch and per step feeding the program's
-    inputs there (`feed_seconds`, per array): a per-microbatch input once per microbatch,
+    inputs there (`feed_seconds` each): a per-microbatch input once per microbatch,
     the others (weights, optimizer state: carried from the step before) once per step."""
     if cluster is None:
         return {}
-    per_array = feed_seconds(cluster, 1)
+    per_array = feed_seconds(cluster)
     return _by_mesh((program.values[i.value].mesh, program.values[i.value].scope, per_array)
                     for i in program.inputs)
 

@@ -108,16 +108,16 @@ def module_estimates(plan: dict, forward_share: float | None = None) -> dict[str
     for m in plan.get("program", {}).get("modules", []):
         est = by_stage.get(m["stage"], {})
         t = est.get("time_per_microbatch_s")
-        received = beside_modules(est)
+        beside = beside_modules(est)
         if t is not None and m["role"] in (Role.FORWARD, Role.BACKWARD):
             share = _share(est, forward_share, backward)
-            t -= received[0]
+            t -= beside[0]
             seconds = t * share if m["role"] == Role.FORWARD else t * (1 - share)
         else:
             step = est.get("time_s")
             apply = est.get("apply_s")
             launched = None if step is None else step + launch_seconds(plan, est)
-            seconds = {Role.APPLY: None if apply is None else apply - received[1],
+            seconds = {Role.APPLY: None if apply is None else apply - beside[1],
                        Role.STEP: launched}.get(m["role"])
         if seconds is not None:
             out[m["name"]] = seconds

@@ -199,7 +199,7 @@ class Executor:
         exe = compile_hlo(zeros_module([(list(v.shape), v.dtype, t.sharding or "{replicated}")
                                         for v, t in zip(values, block)]),
                           self.meshes[block[0].mesh])
-        return lambda: exe.run_sharded([])
+        return lambda: execute_unchecked(exe, [])  # no arguments to check
 
     def _run(self, task: Task) -> tuple[float, float]:
         """Run the task's module: the perf_counter times its execution started and ended."""

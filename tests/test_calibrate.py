@@ -58,6 +58,9 @@ def test_quick_calibration_loads_and_is_complete(calibrated):
     assert 0 < cal["array_s"] < cal["launch_s"]
     # the same on one device alone (the host's work of a plan on fewer devices)
     assert cal["launch_alone_s"] > 0 and cal.get("array_alone_s", 0) < cal["launch_alone_s"]
+    # feeding an input from the host copies it (more than handing a result back); deleting
+    # an array costs the host less than that
+    assert 0 < cal["free_s"] < cal["feed_s"] < cal["launch_s"] * 10
     found = tables(cal)
     expected = {"dot.f32", "dot.bf16", "elementwise", "reduce", "send.intra_node",
                 "send.inter_node", "concurrency"}

@@ -155,6 +155,39 @@ def test_each_array_a_module_returns_or_a_step_feeds_is_priced(tmp_path):
     assert sum(s["estimate"]["feed_s"]["per_microbatch"] for s in plan["stages"]) > 0
 
 
+
+def test_an_input_copied_from_the_host_and_a_value_freed_are_priced_as_measured(tmp_path):
+    """With the calibration's `feed_s` and `free_s`: an input alpa-run copies from the host
+    each microbatch (a batch input) costs `feed_s`, one carried from the step before (an
+    output aliased to it) the per-array figure; each per-microbatch value a stage's modules
+    make, and each it receives, costs `free_s` per microbatch (plan.json `free_s`)."""
+    text = CLUSTER.replace("  launch_s: LAUNCH\n", "  launch_s: LAUNCH\n  array_s: 2.0e-5\n"
+                           "  feed_s: 3.0e-4\n  free_s: 7.0e-6\n")
+    plan = _two_stage_plan(tmp_path, "two", text)
+    program = plan["program"]
+    carried = {parameter for _, parameter in program["aliases"]}
+    assert carried
+    for stage in plan["stages"]:
+        want = [0.0, 0.0]
+        for i in program["inputs"]:
+            v = program["values"][i["value"]]
+            if v["mesh"] == stage["index"]:
+                fed_from_host = i["batch_dim"] is not None or i["parameter"] not in carried
+                want[v["scope"] != "microbatch"] += 3e-4 if fed_from_host else 2e-5
+        got = stage["estimate"]["feed_s"]
+        assert [got["per_microbatch"], got["per_step"]] == pytest.approx(want)
+        made = [v for v in program["values"].values()
+                if v["mesh"] == stage["index"] and v["scope"] == "microbatch"]
+        received = [t for t in program["transfers"]
+                    if t["dst_mesh"] == stage["index"] and t["scope"] == "microbatch"]
+        assert made and received
+        got = stage["estimate"]["free_s"]
+        assert [got["per_microbatch"], got["per_step"]] == pytest.approx(
+            [7e-6 * (len(made) + len(received)), 0.0])
+    batch_fed = [i for i in program["inputs"] if i["batch_dim"] is not None]
+    assert batch_fed and plan["stages"][0]["estimate"]["feed_s"]["per_microbatch"] >= 3e-4
+
+
 FUSED_CHAIN = """\
 HloModule chain
 add_f32 {

@@ -48,14 +48,26 @@ def launch_seconds(cluster, arrays: int = 0) -> float:
     return calibration.host_seconds(arrays, cluster.num_devices)
 
 
-def feed_seconds(cluster) -> float:
-    """alpa-run's host work for each array a step feeds its modules (an input, or an output
-    it carries into the next step's), priced as an array a module execution returns
-    (`launch_seconds` of one array without the launch; 0 unless calibrated). On this machine a
-    one-device GPT step spent 1.4 ms beside its module feeding and carrying 207 arrays, 6.8
-    µs each against 5.0 µs for an array a module returns with the other devices idle; on an
-    H100 the same step 2.35 ms (11 µs each, against 13.7 µs)."""
+def feed_seconds(cluster, carried: bool = True) -> float:
+    """alpa-run's host work for each array a step feeds its modules; 0 unless calibrated.
+    An output carried into the next step's input is priced as an array a module returns
+    (`launch_seconds` of one array without the launch): on this machine a one-device GPT step
+    spent 1.4 ms beside its module feeding and carrying 207 arrays, 6.8 µs each against 5.0
+    µs for an array a module returns with the other devices idle; on an H100 the same step
+    2.35 ms (11 µs each, against 13.7 µs). An array copied from the host (a microbatch of an
+    input) costs the calibration's `feed_s` where measured: in a two-stage MLP pipeline here
+    such a feed took 0.12 ms, a carried array 4 µs."""
+    calibration = cluster.calibration
+    if not carried and calibration is not None and calibration.feed_s:
+        return calibration.feed_s
     return launch_seconds(cluster, 1) - launch_seconds(cluster, 0)
+
+
+def free_seconds(cluster) -> float:
+    """alpa-run deleting an array once no task reads it (the calibration's `free_s`; 0 where
+    not measured)."""
+    calibration = cluster.calibration
+    return calibration.free_s if calibration is not None else 0.0
 
 
 def staging_seconds(cluster, nbytes: float) -> float:

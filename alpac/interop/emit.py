@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from alpac.analysis.costmodel import (CostModel, feed_seconds, launch_seconds,
-                                      staging_seconds)
+from alpac.analysis.costmodel import (CostModel, feed_seconds, free_seconds,
+                                      launch_seconds, staging_seconds)
 from alpac.hlo import Module, print_module
 from alpac.interop.pipeline import assemble, role_modules
 from alpac.interop.pricing import pipelined_peak, role_seconds
@@ -141,13 +141,28 @@ def _send_seconds(program: Program, cluster) -> dict[int, tuple[float, float]]:
 
 def _feed_seconds(program: Program, cluster) -> dict[int, tuple[float, float]]:
     """Mesh -> seconds its ranks spend per microbatch and per step feeding the program's
-    inputs there (`feed_seconds` each): a per-microbatch input once per microbatch,
-    the others (weights, optimizer state: carried from the step before) once per step."""
+    inputs there (`feed_seconds` each): a per-microbatch input once per microbatch, copied
+    from the host, the others once per step, carried from the step before (or copied from
+    the host where no output of the step becomes them)."""
     if cluster is None:
         return {}
-    per_array = feed_seconds(cluster)
-    return _by_mesh((program.values[i.value].mesh, program.values[i.value].scope, per_array)
+    carried = {parameter for _, parameter in program.aliases}
+    return _by_mesh((program.values[i.value].mesh, program.values[i.value].scope,
+                     feed_seconds(cluster, i.parameter in carried and i.batch_dim is None))
                     for i in program.inputs)
+
+
+def _free_seconds(program: Program, cluster) -> dict[int, tuple[float, float]]:
+    """Mesh -> seconds its ranks spend per microbatch deleting that microbatch's values once
+    no task reads them (`free_seconds` each): what its modules made and what it received."""
+    if cluster is None:
+        return {}
+    per_array = free_seconds(cluster)
+    made = ((v.mesh, "microbatch", per_array) for v in program.values.values()
+            if v.scope == "microbatch")
+    received = ((t.dst_mesh, "microbatch", per_array) for t in program.transfers
+                if t.scope == "microbatch")
+    return _by_mesh([*made, *received])
 
 
 def _by_mesh(items) -> dict[int, tuple[float, float]]:
@@ -230,6 +245,7 @@ def _pipelined(source: Module, sharded: ShardedStages, entries: list[dict],
     receives = _receive_seconds(program, [s.stage.mesh for s in sharded.stages], cluster)
     sends = _send_seconds(program, cluster)
     feeds = _feed_seconds(program, cluster)
+    frees = _free_seconds(program, cluster)
     role_launches = _role_launches(program, cluster)
     launches = _launch_seconds(role_launches)
     times, applies, peaks = [], [], []
@@ -238,14 +254,16 @@ def _pipelined(source: Module, sharded: ShardedStages, entries: list[dict],
                                                   S, s, B)
         launch, received = launches.get(s, (0.0, 0.0)), receives.get(s, (0.0, 0.0))
         fed, sent = feeds.get(s, (0.0, 0.0)), sends.get(s, (0.0, 0.0))
-        figures = figures.plus(launch[0] + received[0] + sent[0] + fed[0],
-                               launch[1] + received[1] + sent[1] + fed[1])
+        freed = frees.get(s, (0.0, 0.0))
+        figures = figures.plus(launch[0] + received[0] + sent[0] + fed[0] + freed[0],
+                               launch[1] + received[1] + sent[1] + fed[1] + freed[1])
         entry["estimate"].update({
             "time_per_microbatch_s": figures.t, "apply_s": figures.apply,
             "launch_s": dict(zip(("per_microbatch", "per_step"), launch)),
             "receive_s": dict(zip(("per_microbatch", "per_step"), received)),
             "send_s": dict(zip(("per_microbatch", "per_step"), sent)),
             "feed_s": dict(zip(("per_microbatch", "per_step"), fed)),
+            "free_s": dict(zip(("per_microbatch", "per_step"), freed)),
             "static_bytes": figures.static_bytes,
             "transient_bytes": figures.transient_bytes,
             "activation_bytes_per_microbatch": figures.activation_bytes,

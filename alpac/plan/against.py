@@ -16,7 +16,7 @@ from rich.table import Table
 
 from alpac.errors import UserError
 from alpac.plan.io import plan_identity
-from alpac.plan.trace import (fed_seconds, module_estimates, stage_busy_estimate,
+from alpac.plan.trace import (fed_and_freed_seconds, module_estimates, stage_busy_estimate,
                               transfer_seconds)
 from alpac.units import duration
 
@@ -117,7 +117,7 @@ def _estimated_parts(plan: dict, stages: list[dict]) -> dict[str, float]:
     modules = sum(stage_busy_estimate(plan, s) for s in stages)
     transfers, fed = (sum(B * mb + step for mb, step in (seconds(s["estimate"])
                                                          for s in stages))
-                      for seconds in (transfer_seconds, fed_seconds))
+                      for seconds in (transfer_seconds, fed_and_freed_seconds))
     rest = plan["estimate"]["iteration_time_s"] - modules - transfers - fed
     return {"modules": modules, "transfers": transfers, "waiting": max(rest, 0.0),
             "other": fed}
@@ -168,9 +168,9 @@ def render_breakdown(rows: list[RankRow], console: Console) -> None:
     if not rows:
         return
     console.print("where each rank's iteration went (medians, over the ranks holding the same "
-                  "meshes too; estimated waiting: the rest of "
-                  "the estimated iteration; other: feeding inputs, zeroing, moving outputs to "
-                  "the next step, bookkeeping, of which the plan prices the feeding)")
+                  "meshes too; estimated waiting: the rest of the estimated iteration; other: "
+                  "feeding inputs, zeroing, moving outputs to the next step, freeing, "
+                  "bookkeeping, of which the plan prices the feeding and the freeing)")
     table = Table(show_edge=False)
     for col in ("ranks", "meshes: stages", "", *PARTS):
         table.add_column(col, justify="right" if col in PARTS else "left")

@@ -23,7 +23,7 @@ COLLECTIVE_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all",
 LINK_KINDS = ("intra_node", "inter_node")
 # one figure each (the field comments)
 SCALARS = ("launch_s", "flop_s", "transcendental_s", "array_s", "launch_alone_s",
-           "array_alone_s")
+           "array_alone_s", "feed_s", "free_s")
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,8 @@ class Calibration:
     # the same two on one device of one rank, every other device idle (`host_seconds`)
     launch_alone_s: float = 0.0
     array_alone_s: float = 0.0
+    feed_s: float = 0.0  # an input copied from the host onto a rank's devices
+    free_s: float = 0.0  # an array of a rank's devices deleted
     dot: dict[str, Table] = field(default_factory=dict)  # element type -> FLOPs table
     elementwise: Table | None = None  # bytes read + written by a fused elementwise chain
     reduce: Table | None = None  # bytes read

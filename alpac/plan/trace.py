@@ -140,15 +140,17 @@ def transfer_seconds(est: dict) -> tuple[float, float]:
     return r_mb + s_mb, r_step + s_step
 
 
-def fed_seconds(est: dict) -> tuple[float, float]:
-    """Seconds a stage's estimate counts for feeding the program's inputs on its mesh, per
-    microbatch and per step (in its time or the iteration's, not in its modules')."""
-    return _per(est, "feed_s")
+def fed_and_freed_seconds(est: dict) -> tuple[float, float]:
+    """Seconds a stage's estimate counts for feeding the program's inputs on its mesh and
+    freeing its values, per microbatch and per step (in its time or the iteration's, not in
+    its modules')."""
+    (f_mb, f_step), (d_mb, d_step) = _per(est, "feed_s"), _per(est, "free_s")
+    return f_mb + d_mb, f_step + d_step
 
 
 def beside_modules(est: dict) -> tuple[float, float]:
-    """Transfers and feeding: what a stage's time holds beside its modules' work."""
-    (t_mb, t_step), (f_mb, f_step) = transfer_seconds(est), fed_seconds(est)
+    """Transfers, feeding and freeing: what a stage's time holds beside its modules' work."""
+    (t_mb, t_step), (f_mb, f_step) = transfer_seconds(est), fed_and_freed_seconds(est)
     return t_mb + f_mb, t_step + f_step
 
 
@@ -188,7 +190,7 @@ def predict(plan: dict, forward_share: float | None = None) -> Prediction:
         spans, t = [], 0.0
         for s in plan["stages"]:  # one module per step (a one-stage plan)
             end = t + s["estimate"]["time_s"] + launch_seconds(plan, s["estimate"]) + \
-                fed_seconds(s["estimate"])[1]
+                fed_and_freed_seconds(s["estimate"])[1]
             spans.append(Span(s["index"], "step", Role.STEP, t, end, {"stage": s["index"]}))
             t = spans[-1].end
         return Prediction(tracks, spans, t)

@@ -1,29 +1,34 @@
-"""Unroll the layer loops of a step that will be pipelined, and cut their stacked arrays per
-layer (alpac.interop.unroll): a new Module, what it is of the old one (Unrolled), and its
-costs and step split. A step that will not be pipelined (a given mesh, a one-stage strategy,
-a step that cannot be microbatched) keeps its loops: one sharding per loop body is what XLA
-wants there, and the ILP stays the size of one iteration."""
+"""Cut the layer loops of a step that will be pipelined, and its stacked arrays to match
+(alpac.interop.unroll: one loop per stage of a forced pipeline where that splits into
+microbatches, else every iteration unrolled): a new Module, what it is of the old one
+(Unrolled), and its costs and step split. A step that will not be pipelined (a given mesh, a
+one-stage strategy, a step that cannot be microbatched) keeps its loops: one sharding per
+loop body is what XLA wants there, and the ILP stays the size of one iteration."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from alpac.analysis.costs import CostTable
 from alpac.analysis.step.batch import BatchInfo
+from alpac.analysis.step.rewrite import MicrobatchRefused
 from alpac.analysis.step.split import StepSplit
 from alpac.hlo import Module
 from alpac.interop.construct import SINGLE_STAGE_STRATEGIES
 from alpac.interop.unroll import Unrolled, unroll_layer_loops
+from alpac.intraop.rules import parse_megatron
 from alpac.passes.manager import CompileContext, Pass
 
 
 @dataclass(frozen=True)
 class UnrollLayerLoopsPass(Pass):
     name = "unroll-layer-loops"
-    description = ("unroll layer loops (scan) of a step that will be pipelined and cut their "
-                   "stacked weights, optimizer state and gradients per layer")
+    description = ("cut the layer loops (scan) of a step that will be pipelined, one loop per "
+                   "stage of a forced pipeline or else unrolled, and their stacked weights, "
+                   "optimizer state and gradients to match")
     mesh: str = ""  # the compile's --mesh: one stage, which keeps the loops
-    strategy: str = ""  # the compile's --strategy: one-stage strategies keep the loops
+    strategy: str = ""  # the compile's --strategy: one-stage strategies keep the loops whole,
+    # a forced pipeline's (megatron:..,pp=P) keeps one per stage
     requires = (Module, BatchInfo, CostTable)
     optional = (StepSplit,)
     provides = (Module, Unrolled, CostTable, StepSplit)
@@ -32,15 +37,53 @@ class UnrollLayerLoopsPass(Pass):
         module, split = ctx.get(Module), ctx.find(StepSplit)
         pipelined = not (self.mesh or self.strategy in SINGLE_STAGE_STRATEGIES) and \
             split is not None and split.refusal is None and bool(split.backward)
-        done = unroll_layer_loops(module) if pipelined else None
+        stages = parse_megatron(self.strategy, ctx.cluster.num_devices)[2] \
+            if self.strategy.startswith("megatron") else 0
+        done = _cut(module, ctx.get(BatchInfo), stages) if pipelined else None
         if done is None:
             ctx.put(Unrolled(None, (), (), (), (), ()))
             return
-        work, unrolled = done
-        costs = CostTable(work)
-        split = StepSplit(work, ctx.get(BatchInfo), costs)  # batch inputs are never cut
-        for result in (work, unrolled, costs, split):
+        for result in done:
             ctx.put(result)
+        work, _, _, split = done
         ctx.stats["unrolled"] = {"instructions_before": module.instruction_count(),
                                  "instructions_after": work.instruction_count()}
         ctx.stats["step"] = {"refusal": split.refusal, "sizes": split.sizes}
+
+
+def _cut(module: Module, batch: BatchInfo, stages: int):
+    """The module with its layer loops cut (one per stage where the step then still splits
+    into microbatches, else unrolled), what it is of `module`, its costs and its step split;
+    None where they are not cut."""
+    done = unroll_layer_loops(module, stages)
+    if done is None:
+        return None
+    work, unrolled = done
+    costs = CostTable(work)
+    split = StepSplit(work, batch, costs)  # batch inputs are never cut
+    why = _not_microbatched(split) if unrolled.per_stage else None
+    if why is None:
+        return work, unrolled, costs, split
+    done = unroll_layer_loops(module)  # unrolled, the rewrite sees the bodies inlined
+    if done is None:
+        return None
+    work, unrolled = done
+    unrolled = replace(unrolled, why_unrolled=f"kept one per stage, the step would not split "
+                                              f"into microbatches: {why}")
+    costs = CostTable(work)
+    return work, unrolled, costs, StepSplit(work, batch, costs)
+
+
+def _not_microbatched(split: StepSplit) -> str | None:
+    """Why the step would not split into microbatches (None: it would, into the fewest
+    above one)."""
+    if split.refusal is not None:
+        return split.refusal
+    size = split.batch.size
+    fewest = next((b for b in range(2, size + 1) if size % b == 0), None)
+    try:
+        if fewest is not None:
+            split.microbatch(fewest)
+    except MicrobatchRefused as e:
+        return str(e)
+    return None

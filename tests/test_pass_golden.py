@@ -28,6 +28,7 @@ RECIPE = ("load", "inline-calls", "flatten-params", "cost-analysis", "batch-anal
           "step-split", "unroll-layer-loops", "stage-construction", "intra-op-sharding",
           "reduce-scatter", "emit")
 SCANNED = GOLDEN / "unroll-layer-loops" / "input.hlo"  # 3 layers by lax.scan, momentum SGD
+SCANNED_4 = GOLDEN / "unroll-layer-loops-per-stage" / "input.hlo"  # the same with 4 layers
 # Run-dependent figures, dropped wherever they appear: pass times, ILP solve statistics (solve
 # time, gap, graph sizes, rounds, status) and the stage DP's call counts.
 RUN_DEPENDENT = {"pass_seconds", "ilp", "ilp_solve_time_s", "dp"}
@@ -101,7 +102,8 @@ def ir_after(name: str, *stat_keys: str) -> Callable[[Run], dict[str, str]]:
 
 
 def unrolled(run: Run) -> dict[str, str]:
-    """The unrolled IR, and how its parameters and outputs are pieces of the source's."""
+    """The IR with its layer loops cut, and how its parameters and outputs are pieces of the
+    source's."""
     return {"expected.hlo": run.dump("unroll-layer-loops"),
             "expected.json": as_json({"layer_loops": run.plan["layer_loops"],
                                       "unrolled": run.stats["unrolled"]})}
@@ -186,6 +188,8 @@ CASES = [
          ir_after("flatten-params", "flattened_params"), dump=("flatten-params",)),
     Case("unroll-layer-loops", SCANNED, upto("unroll-layer-loops"), unrolled,
          dump=("unroll-layer-loops",)),
+    Case("unroll-layer-loops-per-stage", SCANNED_4, upto("unroll-layer-loops"), unrolled,
+         flags=("--strategy", "megatron:dp=2,tp=2,pp=2"), dump=("unroll-layer-loops",)),
     # Analyses: what they found.
     Case("cost-analysis", GOLDEN / "cost-analysis" / "input.hlo", None, None,
          command=inspect_cost),

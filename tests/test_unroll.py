@@ -1,6 +1,7 @@
-"""Scanned layers pipelined: layer loops unrolled, their stacked arrays cut per layer, and
-plans of the scanned zoo language models (with and without nn.remat) run under alpa-run on
-two nodes x two devices, equal to one device; the stages hold only their own layers' rows.
+"""Scanned layers pipelined: layer loops unrolled (their stacked arrays cut per layer) or, in a
+forced pipeline, cut into one loop per stage (stacked arrays cut per stage), and plans of the
+scanned zoo language models (with and without nn.remat) run under alpa-run on two nodes x two
+devices, equal to one device; the stages hold only their own layers' rows.
 """
 
 from __future__ import annotations
@@ -35,20 +36,28 @@ links:
 FORCED = ("--strategy", "megatron:dp=1,tp=2,pp=2", "--micro-batches", "4")
 
 
-def unrolled(name: str):
+def unrolled(name: str, stages: int = 0):
     module = load_module(ZOO / f"{name}.hlo")
     inline_calls(module)
     flatten_entry_tuple_params(module)
-    return unroll_layer_loops(module)
+    return unroll_layer_loops(module, stages)
 
 
 @pytest.mark.parametrize("name", ["flax_scan_lm_train", "flax_scan_remat_lm_train"])
-def test_the_unrolled_step_computes_the_scanned_one_with_every_stacked_array_cut(name):
-    work, done = unrolled(name)
+@pytest.mark.parametrize("stages", [0, 2, 3])
+def test_the_cut_step_computes_the_scanned_one_with_every_stacked_array_cut(name, stages):
+    """Unrolled (stages 0): no loop left, one parameter per layer of each stacked array; one
+    loop per stage (2 or 3 of the 6 layers' loops): that many loops per layer loop, each
+    stacked array cut into as many pieces of 6 / stages rows."""
+    work, done = unrolled(name, stages)
     verify_module(work)
-    assert not any(x.opcode == "while" for x in work.entry.instructions)
-    # 16 stacked weights, their two Adam moments: 48 arrays of 6 layers, one parameter a layer
-    assert sum(p.first is not None for p in done.parameters) == 48 * 6
+    loops = [x for x in work.entry.instructions if x.opcode == "while"]
+    assert len(loops) == 2 * stages and sorted(x.name for x in loops) == sorted(done.per_stage)
+    # 16 stacked weights, their two Adam moments: 48 arrays of 6 layers
+    pieces = [p for p in done.parameters if p.first is not None]
+    assert len(pieces) == 48 * (stages or 6)
+    assert {p.stop - p.first for p in pieces} == {6 // stages if stages else 1}
+    assert len(done.layer_axes()) == (len(pieces) if stages else 0)
     assert not done.whole
     source = entry_parameters(done.source_text)
     args = {p.number: random_input(3, p) for p in source}
@@ -85,12 +94,14 @@ def root(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("name", ["flax_scan_lm_train", "flax_scan_remat_lm_train"])
-def test_two_forced_stages_hold_their_own_layers_and_match_one_device(name, root):
+def test_two_forced_stages_each_loop_over_their_own_layers_and_match_one_device(name, root):
+    """A forced pipeline keeps the loops, one per stage: stage 0 loops over layers 0-2 and
+    stage 1 over 3-5, each reading only its own rows of every stacked array (a piece of 3
+    rows); with nn.remat, the mask the body builds at batch size is built per microbatch."""
     path = plan(name, True, root)
     entries = json.loads((path / "plan.json").read_text())
-    first, second = (s["loop_iterations"] for s in entries["stages"])
-    assert first[0] == 0 and second[-1] == 5 and sorted(set(first + second)) == list(range(6))
-    assert max(first) <= min(second) + 1  # a cut inside one iteration at most
+    assert [s["loop_iterations"] for s in entries["stages"]] == [[0, 1, 2], [3, 4, 5]]
+    assert len(entries["layer_loops"]["per_stage"]) == 4 and "why" not in entries["layer_loops"]
     program = entries["program"]
     pieces = program["layout"]["parameters"]
     piece_of = {i["value"]: i["parameter"] for i in program["inputs"]
@@ -100,12 +111,30 @@ def test_two_forced_stages_hold_their_own_layers_and_match_one_device(name, root
         for p in m["parameters"]:
             if p["value"] in piece_of:
                 stages_of.setdefault(p["value"], set()).add(m["stage"])
-    assert len(stages_of) == 48 * 6  # every layer's row of every stacked array is an input
-    shared = {pieces[piece_of[v]][1] for v, s in stages_of.items() if len(s) > 1}
-    assert len(shared) <= 1  # of one stage only, but where the cut falls inside an iteration
+    assert len(stages_of) == 48 * 2  # each stage's rows of every stacked array are an input
+    for value, stages in stages_of.items():
+        first, stop = pieces[piece_of[value]][1:3]
+        assert stop - first == 3 and stages == {first // 3}
+    for stage in (0, 1):
+        for role in ("forward", "backward"):
+            assert "while(" in (path / f"stage{stage}.{role}.hlo").read_text()
     r = ok(alpa_run(path, "--check", "--rtol", "1e-5", "--inputs", ZOO / f"{name}.npz",
                     "--iters", "2", "--", "np", "4"))
     assert "passed" in r.stdout
+
+
+def test_a_trip_count_that_does_not_divide_into_the_stages_is_unrolled(root):
+    """Six layers into four forced stages: unrolled, and the plan says why."""
+    cluster = root / "four.yaml"
+    cluster.write_text(TWO_BY_TWO.replace("nodes: 2", "nodes: 4").replace(
+        "devices_per_node: 2", "devices_per_node: 1"))
+    out = root / "four-stages"
+    subprocess.run([str(BIN / "alpac"), "compile", str(ZOO / "flax_scan_lm_train.hlo"),
+                    "--cluster", str(cluster), "-o", str(out), "--strategy",
+                    "megatron:dp=1,tp=1,pp=4", "--layers", "4"], check=True,
+                   capture_output=True, timeout=600)
+    loops = json.loads((out / "plan.json").read_text())["layer_loops"]
+    assert loops["unrolled"] and "(6, 6) would not divide into 4 stages" in loops["why"]
 
 
 def test_the_automatic_plan_of_a_scanned_step_matches_one_device(root):
@@ -137,7 +166,8 @@ def test_without_unrolling_the_one_stage_plan_names_the_loops(root):
 
 def test_donated_stacked_state_carries_over_steps(root):
     """A scanned step that donates its stacked weights and momenta: the cut outputs alias
-    the cut inputs piece by piece, and three steps run equal to three steps on one device."""
+    the cut inputs piece by piece (two stages' pieces of two arrays), and three steps run
+    equal to three steps on one device."""
     import jax
     import jax.numpy as jnp
 
@@ -159,6 +189,6 @@ def test_donated_stacked_state_carries_over_steps(root):
                     str(root / "two-by-two.yaml"), "-o", str(out), *FORCED],
                    check=True, capture_output=True, timeout=600)
     program = json.loads((out / "plan.json").read_text())["program"]
-    assert len(program["aliases"]) == 2 * 4 and program["layout"]["aliases"] == [[0, 0], [1, 1]]
+    assert len(program["aliases"]) == 2 * 2 and program["layout"]["aliases"] == [[0, 0], [1, 1]]
     r = ok(alpa_run(out, "--check", "--rtol", "1e-5", "--iters", "3", "--", "np", "4"))
     assert "passed" in r.stdout

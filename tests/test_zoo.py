@@ -51,8 +51,8 @@ def test_corpus_module_compiles_on_the_dgx_cluster(name, tmp_path):
     """MobileNet-V2 once ran out of memory (an RNG's constant arithmetic priced along every
     path), MaxText crashed (no dot outside its layer loop), DeepSeek did not fit (loop state,
     annotations and custom kernels forced replicated). MaxText's scanned decoder pipelines:
-    two stages forced here (the automatic plan takes 80 s: `make zoo`), each holding its own
-    iterations of the layer loops."""
+    two stages forced here (the automatic plan takes 80 s: `make zoo`), each looping over its
+    own iterations of the layer loops."""
     flags = ("--strategy", "megatron:dp=4,tp=4,pp=2") if name == MAXTEXT else ()
     outcome = zoo.compile_corpus(name, tmp_path, flags=flags)
     assert outcome.status == "compiled", outcome.reason
@@ -61,4 +61,7 @@ def test_corpus_module_compiles_on_the_dgx_cluster(name, tmp_path):
     if name == MAXTEXT:
         first, second = (s["loop_iterations"] for s in plan["stages"])
         assert first[0] == 0 and second[-1] == 7 and max(first) <= min(second) + 1
-        assert plan["layer_loops"]["cut_parameters"] == 3 * 8 * 8  # weights, Adam's moments
+        # one loop per stage, each holding its stage's rows of the stacked weights and
+        # Adam's moments (8 stacked weights, 3 arrays each, 2 pieces)
+        assert len(plan["layer_loops"]["per_stage"]) == 4
+        assert plan["layer_loops"]["cut_parameters"] == 3 * 8 * 2

@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 from alpac.analysis.costmodel import launch_seconds
 from alpac.analysis.layerloops import find_layer_loops
+from alpac.analysis.tripcount import while_trip_count
 from alpac.errors import UserError
 from alpac.hlo.opcodes import CONTRACTIONS
 from alpac.interop import pipeline as pl
@@ -27,6 +28,7 @@ from alpac.interop.stage import Stage, StageAssignment
 from alpac.interop.stage_dp import NoFeasiblePlan, StagePlan, stage_dp
 from alpac.interop.stage_prices import StageConfig, StagePrices, remat_variants
 from alpac.interop.submesh import grid_shape, logical_shapes, submesh_shapes
+from alpac.interop.unroll import Unrolled
 from alpac.intraop.rules import parse_megatron, roles_of_stage, roles_of_step, rule, update_rule
 from alpac.plan.mesh import LogicalMesh
 
@@ -76,9 +78,12 @@ def looped_layers(module) -> str:
 
 
 def construct_stages(module, split, costs, cluster, budget: float, options: StageOptions,
-                     progress=None, stats: dict | None = None) -> StageAssignment:
+                     progress=None, stats: dict | None = None,
+                     unrolled: Unrolled | None = None) -> StageAssignment:
     """The stages of the step (module docstring); a pipeline's figures and where its time
-    goes are put in `stats`."""
+    goes are put in `stats`. `unrolled`: how `unroll-layer-loops` cut the layer loops (those
+    kept one per stage of a forced pipeline are a layer each)."""
+    per_stage = frozenset(unrolled.per_stage) if unrolled else frozenset()
     whole = _whole_program(module, cluster)
     if options.remat not in ("auto", *REMAT_MODES):
         raise UserError(f"--remat '{options.remat}' should be one of auto, "
@@ -102,14 +107,14 @@ def construct_stages(module, split, costs, cluster, budget: float, options: Stag
     if split is None or reason is not None or not split.backward:
         return StageAssignment((whole(_mesh("", cluster)),),
                                microbatching_refused=reason or "no training step found")
-    if sum(is_heavy(x) for x in layer_anchored(split)) < 2:
+    if sum(heaviness(x, per_stage) for x in layer_anchored(split)) < 2:
         return StageAssignment((whole(_mesh("", cluster)),),
                                pipelining_refused=looped_layers(module))
     stats = {} if stats is None else stats
     searched = options.strategy or options.stages or options.stage_meshes
     if searched or not _shares_compute(cluster):
         assignment = _Pipeliner(module, split, costs, cluster, budget, options, progress,
-                                stats).run()
+                                stats, unrolled).run()
     else:
         assignment = _fewer_devices(module, split, costs, cluster, budget, options, progress,
                                     stats)
@@ -183,6 +188,15 @@ def is_heavy(x) -> bool:
     return x.opcode in CONTRACTIONS
 
 
+def heaviness(x, per_stage: frozenset[str] = frozenset()) -> int:
+    """How many layer anchors `x` counts for: a dot or a convolution one, a layer loop kept
+    for one stage (`per_stage`) those of its body times its trip count."""
+    if x.name in per_stage:
+        body = x.called("body").instructions
+        return sum(map(is_heavy, body)) * while_trip_count(x)[0]
+    return int(is_heavy(x))
+
+
 def layer_anchored(split) -> list:
     """The forward instructions that layers own (`layer_owned`), in order."""
     batch = {a.param for a in split.batch.args}
@@ -190,17 +204,18 @@ def layer_anchored(split) -> list:
     return [x for x in split.forward if x in owned]
 
 
-def cluster_into_layers(split, costs, num_layers: int = 0,
-                        multiple_of: int = 1) -> tuple[dict[str, int], int]:
+def cluster_into_layers(split, costs, num_layers: int = 0, multiple_of: int = 1,
+                        per_stage: frozenset[str] = frozenset()) -> tuple[dict[str, int], int]:
     """Forward activations into layers (Alpa's layer construction), backward ones paired
     with the layer they differentiate; a chosen number of layers is a multiple of
     `multiple_of` (a forced pipeline's stages hold equally many). Values computed from inputs
     alone (masks, one-hot labels) are left out: every stage recomputes them, so they cross no
-    cut."""
+    cut. Layer loops kept one per stage (`per_stage`) are one operation each, as heavy as
+    their iterations."""
     forward = layer_anchored(split)
     index = {x: i for i, x in enumerate(forward)}
     flops = [costs[x].flops if x in costs else 0.0 for x in forward]
-    heavy = [is_heavy(x) for x in forward]
+    heavy = [heaviness(x, per_stage) for x in forward]
     edges = [(index[o], index[x], o.shape.byte_size) for x in forward for o in x.operands
              if o in index]
     if num_layers:
@@ -208,6 +223,9 @@ def cluster_into_layers(split, costs, num_layers: int = 0,
     else:
         n, clustering = _cheapest_to_price(forward, flops, heavy, edges, multiple_of)
     forward_layer = dict(zip(forward, clustering.layer_of_op))
+    for x in forward:  # an element of a tuple (a loop's results) goes with the tuple
+        if x.opcode == "get-tuple-element" and x.operands[0] in forward_layer:
+            forward_layer[x] = forward_layer[x.operands[0]]
     backward_layer = split.backward_layers(forward_layer)
     layer_of = {x.name: layer for x, layer in {**forward_layer, **backward_layer}.items()}
     return layer_of, n
@@ -242,13 +260,13 @@ def _cheapest_to_price(forward, flops, heavy, edges, multiple_of: int = 1):
 
 
 def stage_rule(stage_module, graph, mesh, megatron: bool, lean: bool,
-               distributed_optimizer: bool = False):
+               distributed_optimizer: bool = False, layer_axes: dict[str, int] | None = None):
     """The ILP filter of a stage (or layer) module: Megatron's when that strategy is forced
     (with its optimizer state split, if asked), weights and optimizer state stored split
     when the option is lean, else None."""
     if not megatron and not lean:
         return None
-    roles = roles_of_stage(stage_module, graph)
+    roles = roles_of_stage(stage_module, graph, layer_axes)
     allow = rule("megatron", roles, mesh.shape) if megatron else None
     if lean or distributed_optimizer:
         return update_rule(roles, mesh.shape, "3" if lean else "2", allow)
@@ -261,8 +279,10 @@ class _Pipeliner:
     DP, and the stages' modules."""
 
     def __init__(self, module, split, costs, cluster, budget, options: StageOptions, progress,
-                 stats: dict):
+                 stats: dict, unrolled: Unrolled | None = None):
         self.module, self.split, self.costs, self.cluster = module, split, costs, cluster
+        self.per_stage = frozenset(unrolled.per_stage) if unrolled else frozenset()
+        self.layer_axes = unrolled.layer_axes() if unrolled else {}
         self.budget, self.options, self.on_progress = budget, options, progress
         self.stats, self.seconds, self.clock = stats, {}, time.perf_counter()
         self.forced = None  # (dp, tp, pp) of a forced Megatron strategy
@@ -289,8 +309,9 @@ class _Pipeliner:
         strategy = self.options.strategy
         pp = parse_megatron(strategy, self.cluster.num_devices)[2] \
             if strategy.startswith("megatron") else 1
-        self.layer_of, self.num_layers = cluster_into_layers(self.split, self.costs,
-                                                             self.options.layers, pp)
+        self.layer_of, self.num_layers = cluster_into_layers(
+            self.split, self.costs, pp if self.per_stage else self.options.layers, pp,
+            self.per_stage)
         self.lap("layer clustering")
         batch = self.split.batch.size
         limit = min(batch, self.options.max_micro_batches or batch)
@@ -348,7 +369,7 @@ class _Pipeliner:
 
     def rule(self, stage_module, graph, mesh, lean: bool):
         return stage_rule(stage_module, graph, mesh, self.forced is not None, lean,
-                          self.distributed_optimizer)
+                          self.distributed_optimizer, self.layer_axes)
 
     def solve(self, keys, layers: LayerModules, what: str, hint=None) -> list:
         tasks = self.tasks(keys, layers, hint)

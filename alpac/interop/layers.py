@@ -2,8 +2,9 @@
 
 This is Alpa's layer clustering (reference/alpa-algorithms.md section 1), re-derived so that it
 runs in a fraction of a second on 40,000 operations instead of Alpa's O(n²·L) table. The data
-is plain: per operation its FLOPs and whether it is heavy (a dot or a convolution), and the
-data edges (producer, consumer, bytes) between operations; global inputs are not edges.
+is plain: per operation its FLOPs and how many heavy ops it counts for (a dot or a convolution
+one, a loop over several layers its body's times its trip count), and the data edges
+(producer, consumer, bytes) between operations; global inputs are not edges.
 
 The problem. A layer is a run of operations [a, b); `a` and `b` are cut positions (0..n). The
 bytes entering a layer are those of the distinct values produced before `a` and consumed in
@@ -138,7 +139,7 @@ class _Program:
         if (f < 0).any() or not np.isfinite(f).all():
             raise ValueError("flops must be finite and non-negative")
         self.P = np.concatenate([[0.0], np.cumsum(f)])
-        self.Hc = np.concatenate([[0], np.cumsum(np.asarray(heavy, dtype=bool))])
+        self.Hc = np.concatenate([[0], np.cumsum(np.asarray(heavy, dtype=np.int64))])
         self.num_heavy = int(self.Hc[-1])
         e = np.asarray(edges, dtype=np.int64).reshape(-1, 3)
         if len(e) and ((e[:, 0] < 0) | (e[:, 0] >= e[:, 1]) | (e[:, 1] >= n)).any():

@@ -89,7 +89,13 @@ class _Emitter:
                                     Shape.array(dtype, ()), [], {}, str(int(value))))
 
     def slice(self, x: Instruction, first: int, n: int) -> Instruction:
+        """Rows [first, first + n) of `x`; of a broadcast that makes the rows (a loop's
+        zeroed stacked output), a smaller broadcast (as XLA's simplifier makes it)."""
         dims = x.shape.dims
+        if x.opcode == "broadcast" and 0 not in x.dims("dimensions"):
+            return self.add(Instruction(self.module.unique_name(f"{x.name}.layers"),
+                                        "broadcast", x.shape.with_dims((n, *dims[1:])),
+                                        list(x.operands), dict(x.attrs)))
         spans = [f"[{first}:{first + n}]"] + [f"[0:{d}]" for d in dims[1:]]
         return self.add(Instruction(self.module.unique_name(f"{x.name}.layers"), "slice",
                                     x.shape.with_dims((n, *dims[1:])), [x],

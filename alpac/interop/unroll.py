@@ -1,24 +1,30 @@
-"""Layer loops unrolled for pipelining, with their stacked arrays cut per layer.
+"""Layer loops cut for pipelining, with their stacked arrays cut to match.
 
 A pipeline stage is a set of instructions and a layer loop is one instruction: as a loop, the
-layers it applies cannot be spread over stages. Unrolled, each iteration is a layer of its own,
-the same program as its neighbours (the stage DP prices it once), and the step is the program
-its unrolled twin would be. The stacked arrays go with it: weights, optimizer state and
-gradients stacked on the layer axis are cut into one parameter (and output) per layer, so a
-stage holds only its own layers' rows. `Unrolled` says how the rewritten module's parameters
-and outputs are pieces of the source module's: the plan carries it, alpa-run feeds each piece
-its rows of the stacked input and concatenates the output pieces back.
+layers it applies cannot be spread over stages. Two ways out, both exact:
 
-The iterations are unrolled rather than kept as one shorter loop per stage: the step split,
-stage construction and the role modules work per instruction, and a loop per stage needs its
-layers' pieces stacked again inside the stage (not done yet). The price: the module and the
-stage ILPs grow with the trip count.
+- **Per stage** (a forced pipeline of S stages, each loop's trip count a multiple of S, and
+  the step still splits into microbatches): each loop becomes S consecutive loops over equal
+  ranges of its iterations (`loopsplit`), one per stage, and the stacked weights, optimizer
+  state and gradients are cut into S multi-row pieces. A stage holds a shorter loop over its
+  own rows; the ILP walks one loop body per stage (priced times its trip count) whatever the
+  depth, so compile time does not grow with the trip count.
+- **Unrolled** (otherwise: the stage DP chooses where to cut, between any two iterations):
+  each iteration is a layer of its own, the same program as its neighbours (the stage DP
+  prices it once), and the step is the program its unrolled twin would be; the stacked arrays
+  are cut into one parameter (and output) per layer, so a stage holds only its own layers'
+  rows. The price: the module, the stage construction and the stage ILPs grow with the trip
+  count.
+
+`Unrolled` says how the rewritten module's parameters and outputs are pieces of the source
+module's: the plan carries it, alpa-run feeds each piece its rows of the stacked input and
+concatenates the output pieces back.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from alpac.analysis.layerloops import find_layer_loops
 from alpac.hlo.ir import Alias, Instruction, Module
@@ -52,6 +58,14 @@ class Unrolled:
     outputs: tuple[Piece, ...]  # per position in the rewritten module's output tuple
     aliases: tuple[tuple[int, int], ...]  # the source module's (output position, parameter)
     whole: tuple[str, ...]  # stacked values a use still needs whole (concatenated)
+    per_stage: tuple[str, ...] = ()  # the loops kept, one per stage (empty: unrolled)
+    why_unrolled: str = ""  # why a forced pipeline's loops were unrolled instead
+
+    def layer_axes(self) -> dict[str, int]:
+        """Program input value (`argN`) -> its layer axis, for the parameters that hold
+        several layers' rows (a stage's piece of a stacked array)."""
+        return {f"arg{n}": p.axis for n, p in enumerate(self.parameters)
+                if p.first is not None and p.stop - p.first > 1}
 
     def layout(self) -> dict:
         """The plan's `program.layout`: how its inputs and outputs are the source's."""
@@ -62,29 +76,48 @@ class Unrolled:
     def plan_entries(self) -> dict:
         if not self.loops:
             return {}
-        return {"layer_loops": {"unrolled": list(self.loops),
+        how = {"per_stage": list(self.per_stage)} if self.per_stage else \
+            {"unrolled": True, **({"why": self.why_unrolled} if self.why_unrolled else {})}
+        return {"layer_loops": {"loops": list(self.loops), **how,
                                 "cut_parameters": sum(p.first is not None
                                                       for p in self.parameters),
                                 "concatenated_whole": list(self.whole)}}
 
 
-def unroll_layer_loops(module: Module) -> tuple[Module, Unrolled] | None:
-    """A copy of the module with its layer loops unrolled and their stacked arrays cut per
-    layer, or None when it has no layer loop read by a backward one (nothing to pipeline) or
-    its outputs are not a flat tuple."""
+def unroll_layer_loops(module: Module, stages: int = 0) -> tuple[Module, Unrolled] | None:
+    """A copy of the module with its layer loops cut (module docstring: one loop per stage
+    where `stages` > 1 divides every trip count, else unrolled) and their stacked arrays cut
+    to match, or None when it has no layer loop read by a backward one (nothing to pipeline)
+    or its outputs are not a flat tuple."""
     loops = find_layer_loops(module).loops
     root = module.entry.root
     if not any(loop.reads_saved_by for loop in loops) or root.opcode != "tuple" or \
             any(o.shape.is_tuple for o in root.operands):
         return None
+    if stages > 1 and any(loop.trips % stages for loop in loops):
+        done = _cut(module, loops, 0)
+        trips = ", ".join(str(loop.trips) for loop in loops)
+        return done and (done[0], replace(done[1], why_unrolled=f"kept one per stage, their "
+                                          f"trip counts ({trips}) would not divide into "
+                                          f"{stages} stages"))
+    return _cut(module, loops, stages if stages > 1 else 0)
+
+
+def _cut(module: Module, loops, stages: int) -> tuple[Module, Unrolled] | None:
+    """`stages` loops per layer loop, or (0) every iteration inlined."""
     source_text = print_module(module)
     work = module.clone()
     stacked: set[Instruction] = set()  # the loops' stacked results, concatenated from pieces
+    kept = []
     for loop in loops:
         before = set(work.entry.instructions)
-        names = split_layer_loop(work, loop, range(1, loop.trips))
+        rows = loop.trips // stages if stages else 1
+        names = split_layer_loop(work, loop, range(rows, loop.trips, rows))
         stacked |= {x for x in work.entry.instructions
                     if x not in before and x.opcode == "concatenate"}
+        if stages:
+            kept += names
+            continue
         for name in names:
             piece = next(x for x in work.entry.instructions if x.name == name)
             inline_at(work, work.entry, piece, piece.called("body"), piece.operands)
@@ -101,7 +134,7 @@ def unroll_layer_loops(module: Module) -> tuple[Module, Unrolled] | None:
     work.entry_layout = None
     whole = tuple(sorted(x.name for x in work.entry.instructions if x in stacked))
     return work, Unrolled(source_text, tuple(loop.describe() for loop in loops),
-                          tuple(parameters), tuple(outputs), aliases, whole)
+                          tuple(parameters), tuple(outputs), aliases, whole, tuple(kept))
 
 
 class _Rewriter:

@@ -9,7 +9,8 @@ A rule sees each source instruction's candidate strategy and says whether it may
 - zero3: zero2 with the weights stored split too (gathered where they are used);
 - megatron: batch inputs split over the first axis (data parallel), weight matrices and
   their optimizer state split over the last axis on one of their dimensions (tensor
-  parallel), vectors replicated.
+  parallel), vectors replicated; a stage's piece of a stacked array (several layers' rows)
+  is its layers' matrices or vectors, never split on the layer axis.
 
 What counts as a weight and what as optimizer state comes from the step's structure: a state
 parameter the per-microbatch part reads is a weight; one only the update reads is optimizer
@@ -36,6 +37,8 @@ class Roles:
     optimizer_state: frozenset[str]
     example_dims: dict[str, int] | None = None  # per-example instruction -> its batch dim
     accumulators: frozenset[str] = frozenset()  # a pipeline stage's gradient accumulators
+    # a parameter holding several layers' rows of a stacked array -> its layer axis
+    layer_axes: dict[str, int] | None = None
 
 
 def roles_of_step(module, split) -> Roles:
@@ -59,8 +62,9 @@ def roles_of_step(module, split) -> Roles:
     return Roles(batch, frozenset(weights), frozenset(state), example)
 
 
-def roles_of_stage(stage_module, graph) -> Roles:
-    """Roles of the parameters of one pipeline stage's module."""
+def roles_of_stage(stage_module, graph, layer_axes: dict[str, int] | None = None) -> Roles:
+    """Roles of the parameters of one pipeline stage's module; `layer_axes`: program input
+    value -> its layer axis, for a stage's piece of a stacked array (`Unrolled.layer_axes`)."""
     entry = stage_module.module.entry
     users = entry.users()
     batch, weights, state, accumulators = {}, set(), set(), set()
@@ -78,7 +82,10 @@ def roles_of_stage(stage_module, graph) -> Roles:
             continue
         readers = {stage_module.role.get(u.name) for u in users[p]}
         (weights if readers & {Role.FORWARD, Role.BACKWARD} else state).add(p.name)
-    return Roles(batch, frozenset(weights), frozenset(state), None, frozenset(accumulators))
+    stacked = {p.name: (layer_axes or {})[v] for p in entry.parameters
+               if (v := stage_module.param_values[p.parameter_number]) in (layer_axes or {})}
+    return Roles(batch, frozenset(weights), frozenset(state), None, frozenset(accumulators),
+                 stacked)
 
 
 def rule(kind: str, roles: Roles, mesh_shape):
@@ -113,11 +120,15 @@ def rule(kind: str, roles: Roles, mesh_shape):
             return s.dim_axes == tuple(want_axes if d == dim else ()
                                        for d in range(instr.shape.rank))
         if kind == "megatron":
-            # weight matrices and their optimizer state split alike over the last axis
-            if (name in roles.weights or name in roles.optimizer_state) and \
-                    instr.shape.rank >= 2 and tp_axes:
+            # weight matrices and their optimizer state split alike over the last axis (a
+            # stack of them on a dimension of each matrix, never on the layer axis)
+            layer_axis = (roles.layer_axes or {}).get(name)
+            rank = instr.shape.rank - (layer_axis is not None)
+            if (name in roles.weights or name in roles.optimizer_state) and rank >= 2 and \
+                    tp_axes:
                 return tuple(sorted(s.used_axes)) == tp_axes and \
-                    sum(1 for a in s.dim_axes if a) == 1
+                    sum(1 for a in s.dim_axes if a) == 1 and \
+                    (layer_axis is None or not s.dim_axes[layer_axis])
             return s.is_replicated
         sharded = name in roles.optimizer_state and kind in ("zero2", "zero3") or \
             name in roles.weights and kind == "zero3"

@@ -49,8 +49,14 @@ def render(plan: dict, plan_dir: Path, console: Console, pattern: str | None,
     for what in ("pipelining", "microbatching"):
         if reason := (plan.get(what) or {}).get("refused"):
             console.print(f"  [bold]{what} refused[/]: {reason}")
-    for loop in (plan.get("layer_loops") or {}).get("unrolled", []):
-        console.print(f"  layer loop unrolled (stacked arrays cut per layer): {loop}")
+    loops = plan.get("layer_loops") or {}
+    for loop in loops.get("loops", []):
+        if loops.get("per_stage"):
+            console.print(f"  layer loop cut into one loop per stage (stacked arrays cut per "
+                          f"stage): {loop}")
+        else:
+            console.print(f"  layer loop unrolled (stacked arrays cut per layer): {loop}"
+                          + (f"; {loops['why']}" if loops.get("why") else ""))
     if len(plan["stages"]) > 1:
         _pipeline_picture(plan, console)
     updates = {r["stage"]: r for r in plan.get("reduce_scatter") or []}

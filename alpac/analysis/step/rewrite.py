@@ -214,7 +214,7 @@ class _MicrobatchBuilder:
         loop state's classes (the fixed point of the analysis)."""
         state = self.df.of(x)
         body, cond = x.called("body"), x.called("condition")
-        promo = self._promotions(x, state)
+        promo, chain = self._promotions(x, state)
         if promo:
             shapes = x.shape.tuple_shapes
             state = tuple(split(promo[i], shapes[i].dims[promo[i]] // self.N) if i in promo
@@ -225,6 +225,8 @@ class _MicrobatchBuilder:
                     if y.opcode == "get-tuple-element" and y.operands[0].opcode == "parameter" \
                             and y.tuple_index in promo:
                         self.override[y] = state[y.tuple_index]
+        for y, d in chain.items():  # from promoted elements (or none) to the split data
+            self.override[y] = split(d, y.shape.dims[d] // self.N)
         init = self._conform(x.operands[0], state)
         new_body = self._computation(body, state, conform_root=True)
         new_cond = self._computation(cond, state, conform_root=False)
@@ -235,33 +237,77 @@ class _MicrobatchBuilder:
         return Instruction(x.name, "while", _mb_shape(x.shape, state, self.B), [init], attrs,
                            x.payload, x.line)
 
-    def _promotions(self, x: Instruction, state) -> dict[int, int]:
+    def _promotions(self, x: Instruction, state) -> tuple[dict[int, int], dict]:
         """Loop-carried elements that are independent of the batch, passed through the loop
         unchanged, and meet split data inside it along one dim (an attention-mask constant
-        of batch size): the loop can carry their microbatch slice instead, sliced once
-        outside. Returns {element index: dim}."""
+        of batch size), directly or through reshapes, broadcasts, transposes and elementwise
+        work of their own (a mask turned boolean and broadcast over heads): the loop can carry
+        their microbatch slice instead, sliced once outside, and that work is done on the
+        slice. Returns ({element index: dim}, {instruction of that work: its split dim})."""
         body = x.called("body")
         init = x.operands[0]
         if isinstance(state, Cls) or body is None or body.root.opcode != "tuple" or \
                 init.opcode != "tuple" or len(body.parameters) != 1:
-            return {}
+            return {}, {}
         param = body.parameters[0]
         out: dict[int, int] = {}
         bad: set[int] = set()
+        chains = []
         for y in body.instructions:
             for j, d in self.df.need.get(y, {}).items():
-                o = y.operands[j]
-                if o.opcode != "get-tuple-element" or o.operands[0] is not param:
+                chain: dict = {}
+                found = self._invariant_source(y.operands[j], d, param, chain)
+                if found is None:
                     continue
-                i = o.tuple_index
-                leaf, back = state[i], body.root.operands[i]
-                passes = back.opcode == "get-tuple-element" and back.operands[0] is param \
-                    and back.tuple_index == i
-                if not (isinstance(leaf, Cls) and leaf.kind in "IZ" and passes) or \
-                        out.get(i, d) != d:
-                    bad.add(i)
-                out[i] = d
-        return {i: d for i, d in out.items() if i not in bad}
+                chains.append((found, chain))
+                for i, dim in found.items():
+                    leaf, back = state[i], body.root.operands[i]
+                    passes = back.opcode == "get-tuple-element" and back.operands[0] is param \
+                        and back.tuple_index == i
+                    if not (isinstance(leaf, Cls) and leaf.kind in "IZ" and passes) or \
+                            out.get(i, dim) != dim:
+                        bad.add(i)
+                    out[i] = dim
+        promo = {i: d for i, d in out.items() if i not in bad}
+        work = {y: d for found, chain in chains if set(found) <= set(promo)
+                for y, d in chain.items()}
+        return promo, work
+
+    def _invariant_source(self, o: Instruction, d: int, param: Instruction,
+                          chain: dict) -> dict[int, int] | None:
+        """The loop state elements (index: dim) that batch-independent `o`, needed split along
+        `d`, is computed from inside the loop, the work between put in `chain`; None where
+        it is computed otherwise."""
+        if o.opcode == "get-tuple-element" and o.operands[0] is param:
+            return {o.tuple_index: d}
+        c = self.df.of(o)
+        if not isinstance(c, Cls) or c.kind not in "IZ" or o.shape.dims[d] % self.N:
+            return None
+        found: dict[int, int] | None = {}
+        if o.opcode == "broadcast":
+            dims = o.dims("dimensions")
+            if d in dims:
+                found = self._invariant_source(o.operands[0], dims.index(d), param, chain)
+        elif o.opcode in ("reshape", "transpose"):
+            src = o.operands[0].shape.dims
+            d_in = o.dims("dimensions")[d] if o.opcode == "transpose" else d
+            if o.opcode == "reshape" and (src[:d + 1] != o.shape.dims[:d + 1]):
+                return None
+            found = self._invariant_source(o.operands[0], d_in, param, chain)
+        elif o.opcode in ELEMENTWISE and o.opcode != "rng":
+            for p in o.operands:
+                if p.shape.rank == 0:
+                    continue
+                more = None if p.shape.dims != o.shape.dims else \
+                    self._invariant_source(p, d, param, chain)
+                if more is None or any(found.get(i, k) != k for i, k in more.items()):
+                    return None
+                found.update(more)
+        else:
+            return None
+        if found is not None:
+            chain[o] = d
+        return found
 
     def _computation(self, comp: Computation, state, conform_root: bool) -> Computation:
         if id(comp) in self.rewritten_bodies:

@@ -253,6 +253,9 @@ class StepSplit:
                 continue
             seen.add(x)
             stack.extend(x.operands)
+        for x in self.parts["microbatch"]:  # an element of a forward tuple goes with it
+            if x.opcode == "get-tuple-element" and x.operands[0] in seen:
+                seen.add(x)
         self.forward = [x for x in self.parts["microbatch"] if x in seen]
         self.backward = [x for x in self.parts["microbatch"] if x not in seen]
 

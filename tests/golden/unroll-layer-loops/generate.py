@@ -1,5 +1,10 @@
-"""A 3-layer scanned MLP training step with momentum SGD (tests/golden/unroll-layer-loops)."""
+"""A scanned MLP training step with momentum SGD: 3 layers (tests/golden/unroll-layer-loops),
+or as many as the argument says (4: tests/golden/unroll-layer-loops-per-stage)."""
+import sys
+
 import jax, jax.numpy as jnp, numpy as np
+
+L = int(sys.argv[1]) if len(sys.argv) > 1 else 3
 
 def step(ws, bs, mw, mb, x, y):
     def loss(ws, bs):
@@ -13,7 +18,7 @@ def step(ws, bs, mw, mb, x, y):
     mb = 0.9 * mb + gb
     return ws - 0.1 * mw, bs - 0.1 * mb, mw, mb, value
 
-args = (np.zeros((3, 8, 8), np.float32), np.zeros((3, 8), np.float32),
-        np.zeros((3, 8, 8), np.float32), np.zeros((3, 8), np.float32),
+args = (np.zeros((L, 8, 8), np.float32), np.zeros((L, 8), np.float32),
+        np.zeros((L, 8, 8), np.float32), np.zeros((L, 8), np.float32),
         np.zeros((16, 8), np.float32), np.zeros((16, 8), np.float32))
 print(jax.jit(step).lower(*args).as_text(dialect="hlo"))

@@ -53,10 +53,11 @@ def build_pipeline(spec: str | None = None, skip: tuple[str, ...] = (),
 
 
 def _mirror_stage_options(options: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
-    """Layer loops are unrolled only for a step that may be pipelined: that pass sees the
-    stage options that say it will not be (--mesh, a one-stage --strategy)."""
+    """Layer loops are cut only for a step that may be pipelined, one per stage only for a
+    forced pipeline that leaves the layers to alpac: that pass sees the stage options that
+    say so (--mesh, --strategy, --layers)."""
     stage = options.get("stage-construction", {})
-    mirrored = {k: stage[k] for k in ("mesh", "strategy") if k in stage}
+    mirrored = {k: stage[k] for k in ("mesh", "strategy", "layers") if k in stage}
     return {**options, "unroll-layer-loops": {**mirrored,
                                               **options.get("unroll-layer-loops", {})}}
 

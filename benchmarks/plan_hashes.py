@@ -10,10 +10,12 @@ one SHA-256 per file (`compile-stats.json`, which holds timings, is left out).
     python benchmarks/plan_hashes.py -o after.json             # on the other
     python benchmarks/plan_hashes.py --compare before.json after.json
 
-To hash an older checkout with this environment: `git worktree add /tmp/old COMMIT`, then
-`PYTHONPATH=/tmp/old python benchmarks/plan_hashes.py -o before.json` (the checkout's code is
-imported ahead of the installed one; each compile runs in a scratch directory, so the current
-directory's code does not come first). Plans depend on ILP solves under time limits; run on an
+To hash an older checkout with this environment: `git worktree add /tmp/old COMMIT`, link its
+passes/ and runtime/ into its alpac/ (`ln -s /tmp/old/passes /tmp/old/alpac/passes`, the
+same for runtime: the editable install maps alpac.passes and alpac.runtime to this checkout's),
+then `PYTHONPATH=/tmp/old python benchmarks/plan_hashes.py -o before.json` (the checkout's
+code is imported ahead of the installed one; each compile runs in a scratch directory, so the
+current directory's code does not come first). Plans depend on ILP solves under time limits; run on an
 otherwise idle machine, or a solve cut short by load may pick another optimum.
 """
 

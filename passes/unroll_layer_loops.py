@@ -29,6 +29,7 @@ class UnrollLayerLoopsPass(Pass):
     mesh: str = ""  # the compile's --mesh: one stage, which keeps the loops
     strategy: str = ""  # the compile's --strategy: one-stage strategies keep the loops whole,
     # a forced pipeline's (megatron:..,pp=P) keeps one per stage
+    layers: int = 0  # the compile's --layers: a given number of layers unrolls the loops
     requires = (Module, BatchInfo, CostTable)
     optional = (StepSplit,)
     provides = (Module, Unrolled, CostTable, StepSplit)
@@ -39,13 +40,21 @@ class UnrollLayerLoopsPass(Pass):
             split is not None and split.refusal is None and bool(split.backward)
         stages = parse_megatron(self.strategy, ctx.cluster.num_devices)[2] \
             if self.strategy.startswith("megatron") else 0
-        done = _cut(module, ctx.get(BatchInfo), stages) if pipelined else None
+        done = _cut(module, ctx.get(BatchInfo), 0 if self.layers else stages) \
+            if pipelined else None
         if done is None:
             ctx.put(Unrolled(None, (), (), (), (), ()))
             return
-        for result in done:
+        work, unrolled, costs, split = done
+        if self.layers and stages > 1:
+            unrolled = replace(unrolled, why_unrolled=f"kept one per stage, each stage's loop "
+                                                      f"would be a layer; --layers "
+                                                      f"{self.layers} asks for that many")
+        elif stages < 2:
+            unrolled = replace(unrolled, why_unrolled="the stage DP chooses the stages, and may "
+                                                      "cut between any two iterations")
+        for result in (work, unrolled, costs, split):
             ctx.put(result)
-        work, _, _, split = done
         ctx.stats["unrolled"] = {"instructions_before": module.instruction_count(),
                                  "instructions_after": work.instruction_count()}
         ctx.stats["step"] = {"refusal": split.refusal, "sizes": split.sizes}

@@ -29,8 +29,8 @@ from pathlib import Path
 
 from alpac.runtime.comm import EXIT_CHECK, EXIT_USAGE
 from alpac.plan.calibration import SCALARS
-from alpac.runtime.probes import (Point, collective_bytes, collective_phase, dot_shapes,
-                                  dot_side, grid)
+from alpac.runtime.calibration_grid import (Point, collective_bytes, collective_phase,
+                                            dot_shapes, dot_side, grid)
 from alpac.runtime.status import STATUS_ENV, write_json
 
 PROGRESS = "progress.json"

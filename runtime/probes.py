@@ -1,5 +1,5 @@
-"""What `alpac calibrate` measures on each rank: the points of the grid, and the small jitted
-programs that time them.
+"""The small jitted programs that time, on each rank, the points of `alpac calibrate`'s grid
+(`calibration_grid`).
 
 A point is one row of one table of cluster.yaml's `calibration:` section (a dot level has
 three shapes, whose median is the row). Every figure is the median of repeated timings after
@@ -25,13 +25,11 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
-from alpac.plan.calibration import SCALARS
+from alpac.runtime.calibration_grid import Point
 
-COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 REPS = 5
 UNROLL = 8  # the dot and arithmetic work done per loop iteration
 # elementwise and reduce kernels: up to this many in one module, and to this many bytes
@@ -41,101 +39,11 @@ TARGET = 4e-3  # seconds: shorter work is repeated inside one execution
 # CPU: a small all-reduce takes 0.35 ms back to back, 4 ms now and then, more often with gaps
 # between them): longer and more timings, so that the median is the back-to-back cost.
 ACROSS_REPS, ACROSS_TARGET = 9, 50e-3
-# the largest message under multi-process jax in the full grid: a 64 MiB one costs gloo
-# seconds per collective (a 5-minute budget for 4 ranks on 2 cores); the tables extrapolate
-# past it
-ACROSS_MAX_BYTES = 16 << 20
 IN_A_MODULE = 8  # collectives per execution under multi-process jax, to 1 MiB
 MAX_REPEAT = 512
 TAG_REPEAT = (1 << 28) + 16
 TAG_PING = (1 << 28) + 17
 TAG_RELEASE = (1 << 28) + 18
-
-
-@dataclass(frozen=True)
-class Point:
-    """One row to measure: `table` is its key path under `calibration:`, `size` the row's
-    FLOPs or bytes; `shape` is (m, k, n) for a dot, (ranks, devices per rank) for a
-    collective's group; `phase` "inter" measures it under multi-process jax."""
-    table: tuple[str, ...]
-    size: int
-    shape: tuple[int, ...] = ()
-    phase: str = "local"
-
-    def describe(self) -> str:
-        what = ".".join(self.table)
-        if self.table[0] == "concurrency":
-            return f"a dot on {self.size} device(s) at once"
-        if self.table[0] == "dot":
-            return f"{what} {'x'.join(map(str, self.shape))}"
-        return what if self.table[0] in SCALARS else f"{what} {self.size:,} B"
-
-
-def collective_phase(ranks: int) -> str:
-    """Where a calibration of `ranks` ranks measures its collectives, a rank's own included:
-    as alpa-run runs them. With several ranks that is multi-process jax, where XLA's CPU
-    client sends even the collectives among one process's devices through gloo (5-20x
-    dearer than in one process)."""
-    return "inter" if ranks > 1 else "local"
-
-
-# ---- the grid ------------------------------------------------------------------------------
-
-def dot_shapes(side: int) -> list[tuple[int, int, int]]:
-    """Three shapes of 2*side^3 FLOPs: square, tall with a narrow output, a small batch."""
-    return [(side, side, side), (4 * side, side, side // 4), (side // 16, 4 * side, 4 * side)]
-
-
-def dot_side(flops: float) -> int:
-    return max(16, round((flops / 2) ** (1 / 3) / 16) * 16)
-
-
-def group_sizes(n: int) -> list[int]:
-    """Powers of two up to n, and n."""
-    return sorted({2 ** i for i in range(1, n.bit_length()) if 2 ** i <= n} | ({n} - {1}))
-
-
-def collective_bytes(nbytes: float, group: int) -> int:
-    """The row size of a collective near `nbytes`: whole f32 elements that split evenly."""
-    return 4 * max(group, round(nbytes / 4 / group) * group)
-
-
-def grid(nodes: int, k: int, quick: bool, gpu: bool = False) -> list[Point]:
-    """Every point of a calibration of `nodes` ranks of `k` devices. A GPU reaches its peak
-    only on far larger work than a CPU core (a dot of side 4096, arrays of 100s of MB), so its
-    grid goes on up to there: the tables interpolate inside, and only extrapolate past it."""
-    if quick:
-        sides, bf16_top = (32, 128, 512), 256
-        arrays, messages = [4096 * 16 ** i for i in range(3)], [1024 * 32 ** i for i in range(3)]
-    elif gpu:
-        sides = (64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
-        bf16_top, arrays = sides[-1], [4096 * 4 ** i for i in range(10)]
-        messages = [1024 * 4 ** i for i in range(11)]
-    else:
-        sides = (32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
-        bf16_top, arrays = 512, [4096 * 4 ** i for i in range(8)]
-        messages = [1024 * 4 ** i for i in range(9)]
-    points = [Point((name,), 1) for name in SCALARS]
-    for dtype, top in (("f32", sides[-1]), ("bf16", bf16_top)):
-        points += [Point(("dot", dtype), 2 * s ** 3, shape) for s in sides if s <= top
-                   for shape in dot_shapes(s)]
-    points += [Point(("elementwise",), 2 * b) for b in arrays]
-    points += [Point(("reduce",), b) for b in arrays]
-    groups = [("intra_node", (1, g)) for g in group_sizes(k)]
-    groups += [("inter_node", (g, 1)) for g in group_sizes(nodes)]
-    groups += [("inter_node", (nodes, k))] if nodes > 1 and k > 1 and not quick else []
-    phase = collective_phase(nodes)
-    for link, (ranks, per) in groups:
-        for kind in COLLECTIVES:
-            points += [Point(("collectives", link, kind, str(ranks * per)),
-                             collective_bytes(b, ranks * per), (ranks, per), phase)
-                       for b in messages if phase == "local" or b <= ACROSS_MAX_BYTES]
-    for link, present in (("intra_node", k > 1), ("inter_node", nodes > 1)):
-        points += [Point(("send", link), b) for b in messages] if present else []
-    total = nodes * k
-    points += [Point(("concurrency",), busy) for busy in [1] + group_sizes(total)] \
-        if total > 1 else []
-    return points
 
 
 # ---- timing --------------------------------------------------------------------------------

@@ -102,6 +102,9 @@ def test_two_forced_stages_each_loop_over_their_own_layers_and_match_one_device(
     entries = json.loads((path / "plan.json").read_text())
     assert [s["loop_iterations"] for s in entries["stages"]] == [[0, 1, 2], [3, 4, 5]]
     assert len(entries["layer_loops"]["per_stage"]) == 4 and "why" not in entries["layer_loops"]
+    # nn.remat's barriers stay in the loop bodies: the program recomputes, alpac adds nothing
+    recompute = "program" if "remat" in name else "none"
+    assert [list(s["remat"].values()) for s in entries["stages"]] == [[recompute]] * 2
     program = entries["program"]
     pieces = program["layout"]["parameters"]
     piece_of = {i["value"]: i["parameter"] for i in program["inputs"]
@@ -123,6 +126,18 @@ def test_two_forced_stages_each_loop_over_their_own_layers_and_match_one_device(
     assert "passed" in r.stdout
 
 
+def test_a_given_number_of_layers_unrolls_the_loops(root):
+    """--layers asks for layers the stage DP cuts between: with a loop per stage there would
+    be one layer per stage, so the loops are unrolled, and the plan says why."""
+    out = root / "four-layers"
+    subprocess.run([str(BIN / "alpac"), "compile", str(ZOO / "flax_scan_lm_train.hlo"),
+                    "--cluster", str(root / "two-by-two.yaml"), "-o", str(out), *FORCED,
+                    "--layers", "4"], check=True, capture_output=True, timeout=600)
+    entries = json.loads((out / "plan.json").read_text())
+    assert entries["layer_loops"]["unrolled"] and "--layers 4" in entries["layer_loops"]["why"]
+    assert entries["pipeline"]["layers"] == 4
+
+
 def test_a_trip_count_that_does_not_divide_into_the_stages_is_unrolled(root):
     """Six layers into four forced stages: unrolled, and the plan says why."""
     cluster = root / "four.yaml"
@@ -131,7 +146,7 @@ def test_a_trip_count_that_does_not_divide_into_the_stages_is_unrolled(root):
     out = root / "four-stages"
     subprocess.run([str(BIN / "alpac"), "compile", str(ZOO / "flax_scan_lm_train.hlo"),
                     "--cluster", str(cluster), "-o", str(out), "--strategy",
-                    "megatron:dp=1,tp=1,pp=4", "--layers", "4"], check=True,
+                    "megatron:dp=1,tp=1,pp=4"], check=True,
                    capture_output=True, timeout=600)
     loops = json.loads((out / "plan.json").read_text())["layer_loops"]
     assert loops["unrolled"] and "(6, 6) would not divide into 4 stages" in loops["why"]

@@ -76,10 +76,11 @@ def recomputable(stage, choice: dict[int, Remat]) -> set[str]:
 
 def checkpointed_layers(stage) -> set[int] | None:
     """The layers of the stage the program recomputes itself (an opt-barrier, as
-    jax.checkpoint writes it); None when a barrier sits outside every layer (then alpac
-    recomputes nothing in the stage)."""
+    jax.checkpoint writes it, or a layer loop kept for the stage whose body holds one); None
+    when a barrier sits outside every layer (then alpac recomputes nothing in the stage)."""
     layers = {stage.layer_of.get(x.name) for x in stage.module.entry.instructions
-              if x.opcode == "opt-barrier"}
+              if x.opcode == "opt-barrier" or x.opcode == "while" and any(
+                  y.opcode == "opt-barrier" for y in x.called("body").instructions)}
     return None if None in layers else layers
 
 

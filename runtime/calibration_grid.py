@@ -1,0 +1,100 @@
+"""What `alpac calibrate` measures: the points of its grid (a row of a table each) and the
+sizes they take; `alpac.runtime.probes` times them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from alpac.plan.calibration import SCALARS
+
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+# the largest message under multi-process jax in the full grid: a 64 MiB one costs gloo
+# seconds per collective (a 5-minute budget for 4 ranks on 2 cores); the tables extrapolate
+# past it
+ACROSS_MAX_BYTES = 16 << 20
+
+
+@dataclass(frozen=True)
+class Point:
+    """One row to measure: `table` is its key path under `calibration:`, `size` the row's
+    FLOPs or bytes; `shape` is (m, k, n) for a dot, (ranks, devices per rank) for a
+    collective's group; `phase` "inter" measures it under multi-process jax."""
+    table: tuple[str, ...]
+    size: int
+    shape: tuple[int, ...] = ()
+    phase: str = "local"
+
+    def describe(self) -> str:
+        what = ".".join(self.table)
+        if self.table[0] == "concurrency":
+            return f"a dot on {self.size} device(s) at once"
+        if self.table[0] == "dot":
+            return f"{what} {'x'.join(map(str, self.shape))}"
+        return what if self.table[0] in SCALARS else f"{what} {self.size:,} B"
+
+
+def collective_phase(ranks: int) -> str:
+    """Where a calibration of `ranks` ranks measures its collectives, a rank's own included:
+    as alpa-run runs them. With several ranks that is multi-process jax, where XLA's CPU
+    client sends even the collectives among one process's devices through gloo (5-20x
+    dearer than in one process)."""
+    return "inter" if ranks > 1 else "local"
+
+
+# ---- the grid ------------------------------------------------------------------------------
+
+def dot_shapes(side: int) -> list[tuple[int, int, int]]:
+    """Three shapes of 2*side^3 FLOPs: square, tall with a narrow output, a small batch."""
+    return [(side, side, side), (4 * side, side, side // 4), (side // 16, 4 * side, 4 * side)]
+
+
+def dot_side(flops: float) -> int:
+    return max(16, round((flops / 2) ** (1 / 3) / 16) * 16)
+
+
+def group_sizes(n: int) -> list[int]:
+    """Powers of two up to n, and n."""
+    return sorted({2 ** i for i in range(1, n.bit_length()) if 2 ** i <= n} | ({n} - {1}))
+
+
+def collective_bytes(nbytes: float, group: int) -> int:
+    """The row size of a collective near `nbytes`: whole f32 elements that split evenly."""
+    return 4 * max(group, round(nbytes / 4 / group) * group)
+
+
+def grid(nodes: int, k: int, quick: bool, gpu: bool = False) -> list[Point]:
+    """Every point of a calibration of `nodes` ranks of `k` devices. A GPU reaches its peak
+    only on far larger work than a CPU core (a dot of side 4096, arrays of 100s of MB), so its
+    grid goes on up to there: the tables interpolate inside, and only extrapolate past it."""
+    if quick:
+        sides, bf16_top = (32, 128, 512), 256
+        arrays, messages = [4096 * 16 ** i for i in range(3)], [1024 * 32 ** i for i in range(3)]
+    elif gpu:
+        sides = (64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
+        bf16_top, arrays = sides[-1], [4096 * 4 ** i for i in range(10)]
+        messages = [1024 * 4 ** i for i in range(11)]
+    else:
+        sides = (32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
+        bf16_top, arrays = 512, [4096 * 4 ** i for i in range(8)]
+        messages = [1024 * 4 ** i for i in range(9)]
+    points = [Point((name,), 1) for name in SCALARS]
+    for dtype, top in (("f32", sides[-1]), ("bf16", bf16_top)):
+        points += [Point(("dot", dtype), 2 * s ** 3, shape) for s in sides if s <= top
+                   for shape in dot_shapes(s)]
+    points += [Point(("elementwise",), 2 * b) for b in arrays]
+    points += [Point(("reduce",), b) for b in arrays]
+    groups = [("intra_node", (1, g)) for g in group_sizes(k)]
+    groups += [("inter_node", (g, 1)) for g in group_sizes(nodes)]
+    groups += [("inter_node", (nodes, k))] if nodes > 1 and k > 1 and not quick else []
+    phase = collective_phase(nodes)
+    for link, (ranks, per) in groups:
+        for kind in COLLECTIVES:
+            points += [Point(("collectives", link, kind, str(ranks * per)),
+                             collective_bytes(b, ranks * per), (ranks, per), phase)
+                       for b in messages if phase == "local" or b <= ACROSS_MAX_BYTES]
+    for link, present in (("intra_node", k > 1), ("inter_node", nodes > 1)):
+        points += [Point(("send", link), b) for b in messages] if present else []
+    total = nodes * k
+    points += [Point(("concurrency",), busy) for busy in [1] + group_sizes(total)] \
+        if total > 1 else []
+    return points

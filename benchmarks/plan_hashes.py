@@ -15,8 +15,8 @@ passes/ and runtime/ into its alpac/ (`ln -s /tmp/old/passes /tmp/old/alpac/pass
 same for runtime: the editable install maps alpac.passes and alpac.runtime to this checkout's),
 then `PYTHONPATH=/tmp/old python benchmarks/plan_hashes.py -o before.json` (the checkout's
 code is imported ahead of the installed one; each compile runs in a scratch directory, so the
-current directory's code does not come first). Plans depend on ILP solves under time limits; run on an
-otherwise idle machine, or a solve cut short by load may pick another optimum.
+current directory's code does not come first). Plans depend on ILP solves under time limits;
+run on an otherwise idle machine, or a solve cut short by load may pick another optimum.
 """
 
 from __future__ import annotations

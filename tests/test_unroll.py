@@ -152,10 +152,27 @@ def test_a_trip_count_that_does_not_divide_into_the_stages_is_unrolled(root):
     assert loops["unrolled"] and "(6, 6) would not divide into 4 stages" in loops["why"]
 
 
-def test_the_automatic_plan_of_a_scanned_step_matches_one_device(root):
-    path = plan("flax_scan_lm_train", False, root)
-    r = ok(alpa_run(path, "--check", "--rtol", "1e-5", "--inputs",
-                    ZOO / "flax_scan_lm_train.npz", "--", "np", "4"))
+@pytest.mark.parametrize("name", ["flax_scan_lm_train", "flax_scan_remat_lm_train"])
+def test_the_automatic_plan_of_a_scanned_step_matches_one_device(name, root):
+    path = plan(name, False, root)
+    r = ok(alpa_run(path, "--check", "--rtol", "1e-5", "--inputs", ZOO / f"{name}.npz", "--",
+                    "np", "4"))
+    assert "passed" in r.stdout
+
+
+@pytest.mark.parametrize("mode", ["full", "selective"])
+def test_a_loop_kept_for_a_stage_is_recomputed_as_asked(mode, root):
+    """--remat on a stage whose layer is its loop: full recomputes the loop in the backward,
+    selective its cheap work; the loop's results pass as values, never as its tuple."""
+    out = root / f"remat-{mode}"
+    subprocess.run([str(BIN / "alpac"), "compile", str(ZOO / "flax_scan_lm_train.hlo"),
+                    "--cluster", str(root / "two-by-two.yaml"), "-o", str(out), *FORCED,
+                    "--remat", mode], check=True, capture_output=True, timeout=600)
+    entries = json.loads((out / "plan.json").read_text())
+    assert len(entries["layer_loops"]["per_stage"]) == 4
+    assert [list(s["remat"].values()) for s in entries["stages"]] == [[mode]] * 2
+    r = ok(alpa_run(out, "--check", "--rtol", "1e-5", "--inputs",
+                    ZOO / "flax_scan_lm_train.npz", "--iters", "2", "--", "np", "4"))
     assert "passed" in r.stdout
 
 

@@ -95,7 +95,9 @@ def split_for_backward(stage, again_allowed: set[str]) -> RematSplit:
     """The forward nodes the backward keeps and recomputes when the nodes in `again_allowed`
     may be recomputed: walking back from the backward's operands, an allowed node is
     recomputed (and its operands walked), any other forward node is kept, and so is a
-    microbatch's input (what the stage received: held from its forward to its backward)."""
+    microbatch's input (what the stage received: held from its forward to its backward). An
+    element of a tuple that is kept (a loop's results) is kept itself: values, not tuples,
+    pass from the forward to the backward."""
     entry = stage.module.entry
     kept, again = set(), set()
     users = entry.users()
@@ -106,7 +108,8 @@ def split_for_backward(stage, again_allowed: set[str]) -> RematSplit:
             for o in x.operands]
     while todo:
         x = todo.pop()
-        if x.name in again_allowed:
+        if x.name in again_allowed and not (x.opcode == "get-tuple-element" and
+                                            x.operands[0].name not in again_allowed):
             if x.name not in again:
                 again.add(x.name)
                 todo.extend(x.operands)

@@ -59,7 +59,7 @@ class Unrolled:
     aliases: tuple[tuple[int, int], ...]  # the source module's (output position, parameter)
     whole: tuple[str, ...]  # stacked values a use still needs whole (concatenated)
     per_stage: tuple[str, ...] = ()  # the loops kept, one per stage (empty: unrolled)
-    why_unrolled: str = ""  # why a forced pipeline's loops were unrolled instead
+    why_unrolled: str = ""  # why the loops were unrolled rather than kept one per stage
 
     def layer_axes(self) -> dict[str, int]:
         """Program input value (`argN`) -> its layer axis, for the parameters that hold

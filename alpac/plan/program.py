@@ -17,8 +17,9 @@ to each other. Everything the runtime does follows from it:
   batch dimension over microbatches. `aliases` says which outputs are the next step's value
   of which inputs (the module's input_output_alias), for running several steps.
 - `schedule`: the pipeline schedule's name; `alpac.plan.schedule` turns it into the order of tasks.
-- `layout` (plans whose layer loops the compiler unrolled): the program's parameters and
-  outputs are pieces of the source module's. Per program parameter and output position
+- `layout` (plans whose layer loops the compiler cut: unrolled, or one loop per stage): the
+  program's parameters and outputs are pieces of the source module's. Per program parameter
+  and output position
   `[source, first, stop, axis]`: rows [first, stop) of that source parameter or output on its
   layer axis, one row without that axis (first null: all of it); `aliases` are the source
   module's (output position, parameter).
@@ -125,7 +126,7 @@ class Program:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        if d["layout"] is None:  # (plans without unrolled loops are as they were)
+        if d["layout"] is None:  # (plans without cut layer loops are as they were)
             del d["layout"]
         return d
 

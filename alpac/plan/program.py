@@ -19,10 +19,9 @@ to each other. Everything the runtime does follows from it:
 - `schedule`: the pipeline schedule's name; `alpac.plan.schedule` turns it into the order of tasks.
 - `layout` (plans whose layer loops the compiler cut: unrolled, or one loop per stage): the
   program's parameters and outputs are pieces of the source module's. Per program parameter
-  and output position
-  `[source, first, stop, axis]`: rows [first, stop) of that source parameter or output on its
-  layer axis, one row without that axis (first null: all of it); `aliases` are the source
-  module's (output position, parameter).
+  and output position `[source, first, stop, axis]`: rows [first, stop) of that source
+  parameter or output on its layer axis, one row without that axis (first null: all of it);
+  `aliases` are the source module's (output position, parameter).
   alpa-run reads inputs for the source's parameters and gives the source's outputs.
 
 Values that live per microbatch have `scope` "microbatch"; the runtime keeps one instance per

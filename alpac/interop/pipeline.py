@@ -30,7 +30,7 @@ from alpac.hlo.opcodes import GENERATORS
 from alpac.hlo.shape import Shape
 from alpac.interop.layers import layer_owned
 from alpac.interop.remat import remat_split
-from alpac.plan.program import Role
+from alpac.plan.program import Role, input_value
 
 PER_MICROBATCH = frozenset({Role.FORWARD, Role.BACKWARD, Role.ACCUMULATE})
 
@@ -104,9 +104,9 @@ def step_graph(step: MicrobatchedStep, forward_names: set[str], layer_of: dict[s
 
     def resolve(src, shape: Shape) -> Instruction:
         if src.kind == SourceKind.PARAM:
-            return param(f"arg{src.index}", shape, "step")
+            return param(input_value(src.index), shape, "step")
         if src.kind == SourceKind.BATCH_SLICE:  # a microbatch's slice: not the whole batch input
-            return param(f"arg{src.index}.mb", shape, "microbatch", src.dim)
+            return param(f"{input_value(src.index)}.mb", shape, "microbatch", src.dim)
         if src.kind == SourceKind.MICROBATCH_INDEX:
             return param("microbatch_index", shape, "microbatch")
         if src.kind == SourceKind.PROLOGUE:
@@ -233,7 +233,7 @@ def assign_stages(graph: StepGraph, stage_of_layer: list[int]
     demand: dict[str, int] = {}
     for index, node, _ in graph.outputs:
         param = aliases.get(tuple(index))
-        home = param_stage.get(param_of_value.get(f"arg{param}")) if param is not None \
+        home = param_stage.get(param_of_value.get(input_value(param))) if param is not None \
             else None
         stage = home if home is not None else located.get(node.name, 0)
         demand[node.name] = min(demand.get(node.name, stage), stage)

@@ -33,6 +33,7 @@ from alpac.hlo.printer import print_module
 from alpac.hlo.shape import Shape
 from alpac.hlo.transforms import forward_tuples, inline_at, remove_dead_code
 from alpac.interop.loopsplit import split_layer_loop
+from alpac.plan.program import input_value
 
 
 @dataclass(frozen=True)
@@ -62,9 +63,9 @@ class Unrolled:
     why_unrolled: str = ""  # why the loops were unrolled rather than kept one per stage
 
     def layer_axes(self) -> dict[str, int]:
-        """Program input value (`argN`) -> its layer axis, for the parameters that hold
+        """Program input value (`input_value`) -> its layer axis, for the parameters that hold
         several layers' rows (a stage's piece of a stacked array)."""
-        return {f"arg{n}": p.axis for n, p in enumerate(self.parameters)
+        return {input_value(n): p.axis for n, p in enumerate(self.parameters)
                 if p.first is not None and p.stop - p.first > 1}
 
     def layout(self) -> dict:

@@ -169,13 +169,18 @@ def module_signature(module) -> tuple[list[str], list[str]]:
     return params, [text] * leaves
 
 
+def input_value(parameter: int) -> str:
+    """The program's name for the value of entry parameter `parameter` (`inputs`)."""
+    return f"arg{parameter}"
+
+
 def single_stage_program(source, sharded, mesh, file: str) -> Program:
     """The program of a one-stage plan without microbatches: one module does the whole step."""
     params, outs = module_signature(sharded)
     values: dict[str, ValueSpec] = {}
     inputs, outputs = [], []
     for p, sharding in zip(source.entry.parameters, params):
-        name = f"arg{p.parameter_number}"
+        name = input_value(p.parameter_number)
         values[name] = ValueSpec(list(p.shape.dims), p.shape.dtype, 0, sharding, "step",
                                  p.shape.byte_size)
         inputs.append(InputSpec(p.parameter_number, name))
@@ -189,7 +194,7 @@ def single_stage_program(source, sharded, mesh, file: str) -> Program:
     donated = sorted({a.parameter_number for a in source.input_output_alias}
                      | {p for p, _ in source.buffer_donors})
     module = ModuleSpec("stage0", file, 0, Role.STEP, 0,
-                        [Param(f"arg{p.parameter_number}", s)
+                        [Param(input_value(p.parameter_number), s)
                          for p, s in zip(source.entry.parameters, params)],
                         [Param(n, s) for n, s in zip(out_names, outs)], donated)
     return Program([MeshSpec(list(mesh.devices), list(mesh.shape))], values, inputs, outputs,

@@ -250,6 +250,7 @@ class _MicrobatchBuilder:
                 init.opcode != "tuple" or len(body.parameters) != 1:
             return {}, {}
         param = body.parameters[0]
+        users = body.users()
         out: dict[int, int] = {}
         bad: set[int] = set()
         chains = []
@@ -269,8 +270,19 @@ class _MicrobatchBuilder:
                         bad.add(i)
                     out[i] = dim
         promo = {i: d for i, d in out.items() if i not in bad}
+        while True:  # an element carried sliced only if all the work it feeds can be
+            left = {i for found, _ in chains if not set(found) <= set(promo) for i in found}
+            if not left & set(promo):
+                break
+            promo = {i: d for i, d in promo.items() if i not in left}
         work = {y: d for found, chain in chains if set(found) <= set(promo)
                 for y, d in chain.items()}
+        # work that a whole-batch use reads too stays whole (the rewrite then refuses), and
+        # only the elements read directly are carried sliced
+        split_readers = set(work) | set(self.df.need)
+        if any(u not in split_readers for x in work for u in users[x]):
+            direct = {i for found, chain in chains if not chain for i in found}
+            return {i: d for i, d in promo.items() if i in direct}, {}
         return promo, work
 
     def _invariant_source(self, o: Instruction, d: int, param: Instruction,

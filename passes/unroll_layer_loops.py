@@ -40,7 +40,7 @@ class UnrollLayerLoopsPass(Pass):
             split is not None and split.refusal is None and bool(split.backward)
         stages = parse_megatron(self.strategy, ctx.cluster.num_devices)[2] \
             if self.strategy.startswith("megatron") else 0
-        done = _cut(module, ctx.get(BatchInfo), 0 if self.layers else stages) \
+        done = _cut_for_pipeline(module, ctx.get(BatchInfo), 0 if self.layers else stages) \
             if pipelined else None
         if done is None:
             ctx.put(Unrolled(None, (), (), (), (), ()))
@@ -60,7 +60,7 @@ class UnrollLayerLoopsPass(Pass):
         ctx.stats["step"] = {"refusal": split.refusal, "sizes": split.sizes}
 
 
-def _cut(module: Module, batch: BatchInfo, stages: int):
+def _cut_for_pipeline(module: Module, batch: BatchInfo, stages: int):
     """The module with its layer loops cut (one per stage where the step then still splits
     into microbatches, else unrolled), what it is of `module`, its costs and its step split;
     None where they are not cut."""

@@ -235,9 +235,7 @@ class Rank:
         try:
             return measure()
         finally:
-            for r in range(1, self.comm.size):
-                self.comm.send_obj(None, r, TAG_RELEASE)
-            self.comm.flush("the busy ranks to take their release")
+            self._release_busy(1)
 
     def feed(self) -> float:
         """Feeding one input from the host onto the rank's devices (`_host_array`)."""
@@ -466,9 +464,13 @@ class Rank:
             return self._ping_pong(nbytes)
         finally:
             if self.comm.rank == 0:
-                for r in range(2, self.comm.size):
-                    self.comm.send_obj(None, r, TAG_RELEASE)
-                self.comm.flush("the busy ranks to take their release")
+                self._release_busy(2)
+
+    def _release_busy(self, first: int) -> None:
+        """Rank 0: tell ranks `first`.. (in `busy_until_released`) that the timing is done."""
+        for r in range(first, self.comm.size):
+            self.comm.send_obj(None, r, TAG_RELEASE)
+        self.comm.flush("the busy ranks to take their release")
 
     def busy_until_released(self) -> None:
         """A small module on every device of this rank, again and again, until rank 0 says
@@ -480,7 +482,7 @@ class Rank:
         (a,) = self._fill(mesh, P(), (64, 64), np.float32, 1 / 64)
         while not self.comm.comm.Iprobe(source=0, tag=TAG_RELEASE):
             f(x, a, 1).block_until_ready()
-        self.comm.recv_obj(0, TAG_RELEASE, "the end of the timed sends")
+        self.comm.recv_obj(0, TAG_RELEASE, "the end of rank 0's timing")
         return None
 
     def _ping_pong(self, nbytes: int) -> float:

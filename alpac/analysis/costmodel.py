@@ -48,7 +48,7 @@ def launch_seconds(cluster, arrays: int = 0) -> float:
     return calibration.host_seconds(arrays, cluster.num_devices)
 
 
-def feed_seconds(cluster, carried: bool = True) -> float:
+def feed_seconds(cluster, carried: bool) -> float:
     """alpa-run's host work for each array a step feeds its modules; 0 unless calibrated.
     An output carried into the next step's input is priced as an array a module returns
     (`launch_seconds` of one array without the launch): on this machine a one-device GPT step

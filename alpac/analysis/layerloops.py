@@ -107,8 +107,13 @@ def _layer_loop(loop: Instruction) -> LayerLoop | str:
     if len(reverse) != 1:
         return "its slices are taken in more than one order"
     return LayerLoop(loop.name, trips, index, reverse.pop(), tuple(read), tuple(written),
-                     tuple(carried), tuple(invariant),
-                     any(x.opcode == "opt-barrier" for x in body.instructions))
+                     tuple(carried), tuple(invariant), recomputes(body))
+
+
+def recomputes(body: Computation) -> bool:
+    """Whether a loop body recomputes part of itself in the backward: it holds an
+    opt-barrier (jax.checkpoint / nn.remat)."""
+    return any(x.opcode == "opt-barrier" for x in body.instructions)
 
 
 def _paired(loops: list[LayerLoop], entry: Computation) -> list[LayerLoop]:

@@ -242,28 +242,24 @@ def _pipelined(source: Module, sharded: ShardedStages, entries: list[dict],
     program.layout = unrolled.layout() if unrolled else None
     _loop_iterations(program, entries)
     S = len(sharded.stages)
-    receives = _receive_seconds(program, [s.stage.mesh for s in sharded.stages], cluster)
-    sends = _send_seconds(program, cluster)
-    feeds = _feed_seconds(program, cluster)
-    frees = _free_seconds(program, cluster)
     role_launches = _role_launches(program, cluster)
-    launches = _launch_seconds(role_launches)
+    host = {  # plan.json key -> stage -> (per microbatch, per step) seconds beside the ILP's
+        "launch_s": _launch_seconds(role_launches),
+        "receive_s": _receive_seconds(program, [s.stage.mesh for s in sharded.stages], cluster),
+        "send_s": _send_seconds(program, cluster),
+        "feed_s": _feed_seconds(program, cluster),
+        "free_s": _free_seconds(program, cluster)}
     times, applies, peaks = [], [], []
     for s, (done, entry) in enumerate(zip(sharded.stages, entries)):
         figures, in_flight, peak = pipelined_peak(done.stage.pipeline_stage, done.sharding,
                                                   S, s, B)
-        launch, received = launches.get(s, (0.0, 0.0)), receives.get(s, (0.0, 0.0))
-        fed, sent = feeds.get(s, (0.0, 0.0)), sends.get(s, (0.0, 0.0))
-        freed = frees.get(s, (0.0, 0.0))
-        figures = figures.plus(launch[0] + received[0] + sent[0] + fed[0] + freed[0],
-                               launch[1] + received[1] + sent[1] + fed[1] + freed[1])
+        mine = {key: per_stage.get(s, (0.0, 0.0)) for key, per_stage in host.items()}
+        figures = figures.plus(sum(mb for mb, _ in mine.values()),
+                               sum(step for _, step in mine.values()))
+        entry["estimate"].update({key: dict(zip(("per_microbatch", "per_step"), pair))
+                                  for key, pair in mine.items()})
         entry["estimate"].update({
             "time_per_microbatch_s": figures.t, "apply_s": figures.apply,
-            "launch_s": dict(zip(("per_microbatch", "per_step"), launch)),
-            "receive_s": dict(zip(("per_microbatch", "per_step"), received)),
-            "send_s": dict(zip(("per_microbatch", "per_step"), sent)),
-            "feed_s": dict(zip(("per_microbatch", "per_step"), fed)),
-            "free_s": dict(zip(("per_microbatch", "per_step"), freed)),
             "static_bytes": figures.static_bytes,
             "transient_bytes": figures.transient_bytes,
             "activation_bytes_per_microbatch": figures.activation_bytes,

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from alpac.analysis.layerloops import recomputes
 from alpac.hlo.opcodes import (COLLECTIVE_OPS, CONTRACTIONS, CONTROL_FLOW, LIBRARY_CALLS,
                                PASS_THROUGH, SIDE_EFFECTING)
 from alpac.plan.program import Role
@@ -79,8 +80,8 @@ def checkpointed_layers(stage) -> set[int] | None:
     jax.checkpoint writes it, or a layer loop kept for the stage whose body holds one); None
     when a barrier sits outside every layer (then alpac recomputes nothing in the stage)."""
     layers = {stage.layer_of.get(x.name) for x in stage.module.entry.instructions
-              if x.opcode == "opt-barrier" or x.opcode == "while" and any(
-                  y.opcode == "opt-barrier" for y in x.called("body").instructions)}
+              if x.opcode == "opt-barrier" or x.opcode == "while" and
+              recomputes(x.called("body"))}
     return None if None in layers else layers
 
 

@@ -253,6 +253,8 @@ def _predicted_and_measured(plan: dict, plan_dir: Path, trace_path: Path | None,
         against.render(against.compare(plan, report), report, console,
                        calibrated=bool(plan.get("cluster", {}).get("calibration")))
         against.render_breakdown(against.breakdown(plan, report), console)
+        against.render_hosts(against.host_rows(report), against.measured_iteration(report),
+                             console)
     if trace_path:
         trace, iteration = predicted_trace(plan, f"alpac explain {plan_dir} (predicted)")
         write_trace(trace, trace_path)

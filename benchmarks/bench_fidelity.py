@@ -7,7 +7,9 @@ one launch of a plan measured 1.7x another's of the same plan in the same run).
 Per plan: the estimate (plan.json `estimate.iteration_time_s`), the measurement, their ratio;
 per model: Kendall's tau between the estimated and the measured order of its plans; overall:
 the median and the worst |ratio - 1|; per model, the automatic plan's measured time over the
-data-parallel and the one-device plan's. The issue's targets: within 20% in the median, 50% at
+data-parallel and the one-device plan's; per plan, the share of the iteration the host's cores
+were busy (its ranks' CPU time over its cores: near 100%, the ranks competed for cores). The
+issue's targets: within 20% in the median, 50% at
 worst, tau >= 0.6 per model; the automatic plan no slower than the other two. A plan on fewer
 devices than the cluster (one device; an automatic plan that leaves devices idle because
 they share the host's cores, per the calibration's concurrency table) runs on fewer ranks.
@@ -63,9 +65,10 @@ def compile_plan(model: str, flags: list[str], cluster: Path, plan: Path
     return planned["estimate"]["iteration_time_s"], used, modules.hexdigest()
 
 
-def run_plan(plan: Path, used: int, ranks: int, k: int, iters: int) -> float:
-    """One `alpa-run` of the plan: the median iteration time, the first excluded. A plan on
-    fewer devices than the cluster runs on fewer ranks (or one, smaller)."""
+def run_plan(plan: Path, used: int, ranks: int, k: int, iters: int) -> tuple[float, float]:
+    """One `alpa-run` of the plan: the median iteration time, the first excluded, and the
+    share of it the host's cores were busy (its ranks' CPU time over its cores, medians). A
+    plan on fewer devices than the cluster runs on fewer ranks (or one, smaller)."""
     if used < ranks * k:
         k = min(k, used)
         ranks = -(-used // k)
@@ -73,7 +76,10 @@ def run_plan(plan: Path, used: int, ranks: int, k: int, iters: int) -> float:
     subprocess.run([str(BIN / "alpa-run"), str(plan), "--devices-per-rank", str(k), "--iters",
                     str(iters), "--report", str(report), "--quiet", "--", "np", str(ranks)],
                    check=True, cwd=plan.parent, capture_output=True)
-    return statistics.median(json.loads(report.read_text())["iteration_time_s"][1:])
+    measured = json.loads(report.read_text())
+    iteration = statistics.median(measured["iteration_time_s"][1:])
+    busy = max(statistics.median(h["cpu_s"][1:]) / h["cores"] for h in measured["hosts"])
+    return iteration, busy / iteration
 
 
 def _failure(e: subprocess.CalledProcessError) -> str:
@@ -130,16 +136,17 @@ def main() -> None:
             if i in failed:
                 rows.append({"model": model, "strategy": name, "devices": "-",
                              "estimate ms": "-", "measured ms": "-", "launches ms": "-",
-                             "measured / estimate": failed[i]})
+                             "measured / estimate": failed[i], "cores busy": "-"})
                 continue
             est, used, digests[name] = compiled[i]
-            got = statistics.median(runs[i])
+            got = statistics.median(t for t, _ in runs[i])
             estimates.append(est)
             measured[name] = got
             rows.append({"model": model, "strategy": name, "devices": str(used),
                          "estimate ms": f"{est * 1e3:.2f}", "measured ms": f"{got * 1e3:.2f}",
-                         "launches ms": " ".join(f"{t * 1e3:.2f}" for t in runs[i]),
-                         "measured / estimate": f"{got / est:.2f}"})
+                         "launches ms": " ".join(f"{t * 1e3:.2f}" for t, _ in runs[i]),
+                         "measured / estimate": f"{got / est:.2f}",
+                         "cores busy": f"{statistics.median(b for _, b in runs[i]):.0%}"})
             print(rows[-1], flush=True)
         taus[model] = kendall_tau(estimates, list(measured.values()))
         automatic.append(f"{model} " + " / ".join(
@@ -150,7 +157,8 @@ def main() -> None:
     summary = (f"Cluster file {args.cluster.name}, {args.ranks} ranks x "
                f"{args.devices_per_rank} devices; per plan {args.rounds} launches of alpa-run, "
                f"interleaved with the other plans', {args.iters} iterations each (the first "
-               f"excluded): measured is the median of the launches' medians. "
+               f"excluded): measured is the median of the launches' medians; cores busy: "
+               f"the host's ranks' CPU time per iteration over its cores and the iteration. "
                f"|measured/estimate - 1|: median "
                f"{statistics.median(errors):.0%}, worst {max(errors):.0%}. Kendall tau per "
                "model: " + ", ".join(f"{m} {t:.2f}" for m, t in taus.items()) + ". "

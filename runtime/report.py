@@ -14,7 +14,9 @@ iteration, `peak_live_microbatches`, `schedule_max_live_microbatches`),
 `transfer_time_s`, `per_rank` (per rank: `rank`, `meshes`, and per iteration where its
 step's time went, `modules_s`, `transfers_s` (sending, and receiving once the data came),
 `waiting_s` (for another rank's data) and `other_s` (the rest: feeding inputs, zeroing
-accumulators, moving outputs to the next step, bookkeeping)), `modules` (per module that
+accumulators, moving outputs to the next step, bookkeeping), and `cpu_s`, the CPU time its
+process used per iteration, every thread of it), `hosts` (per host: `host`, `ranks`, `cores`
+they may run on, `cpu_s` per iteration: their CPU time together), `modules` (per module that
 ran: `name`, `stage`, `role`, `mesh`, `executions_per_step`, `median_s` per execution over
 every rank and iteration), and when
 `--check` ran `check` (`rtol`, `max_rel_error`: per output `out<k>` and `overall`, `passed`;
@@ -33,8 +35,10 @@ from alpac.plan.schedule import max_live_microbatches
 
 
 def build(*, plan_dir: str, identity: dict, timeline, ranks: int, devices_per_rank: int,
-          per_rank: list, batch_size: int | None, check: dict | None) -> dict:
-    """`per_rank[r]` is rank r's list of `StepStats`, one per iteration."""
+          per_rank: list, cores: list | None, batch_size: int | None,
+          check: dict | None) -> dict:
+    """`per_rank[r]` is rank r's list of `StepStats`, one per iteration; `cores[r]` its host's
+    name and the cores it may run on."""
     program = timeline.program
     iters = len(per_rank[0]) if per_rank else 0
     times = [max(stats[i].seconds for stats in per_rank) for i in range(iters)]
@@ -96,6 +100,7 @@ def build(*, plan_dir: str, identity: dict, timeline, ranks: int, devices_per_ra
         "transfer_time_s": [max(st[k].transfer_seconds for st in per_rank)
                             for k in range(iters)],
         "per_rank": rank_times(per_rank),
+        "hosts": host_cpu(per_rank, cores or []),
         "modules": module_times(timeline, per_rank),
     }
     if check is not None:
@@ -120,8 +125,25 @@ def rank_times(per_rank: list) -> list[dict]:
             for key, seconds in spent.items():
                 row[key].append(seconds)
             row["other_s"].append(step.seconds - sum(spent.values()))
+        row["cpu_s"] = [step.cpu_seconds for step in stats]
         out.append(row)
     return out
+
+
+def host_cpu(per_rank: list, cores: list[tuple[str, list[int]]]) -> list[dict]:
+    """Per host: its ranks, the cores they may run on, and per iteration the CPU time they
+    used together. Over the cores, that is the least time the host needed for the iteration:
+    where ranks outnumber cores (simulated devices), it can set the measured time."""
+    hosts: dict[str, dict] = {}
+    for r, (host, mine) in enumerate(cores):
+        h = hosts.setdefault(host, {"host": host, "ranks": [], "cores": set()})
+        h["ranks"].append(r)
+        h["cores"].update(mine)
+    iters = len(per_rank[0]) if per_rank else 0
+    return [{"host": h["host"], "ranks": h["ranks"], "cores": len(h["cores"]),
+             "cpu_s": [sum(per_rank[r][k].cpu_seconds for r in h["ranks"])
+                       for k in range(iters)]}
+            for h in hosts.values()]
 
 
 def module_times(timeline, per_rank: list) -> list[dict]:

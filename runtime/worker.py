@@ -170,9 +170,11 @@ def _run(comm, opts: Options, platform: str) -> int:
     steps = _run_steps(comm, executor, opts, setup.host_inputs, collect=gather)
     pieces = _gather_outputs(comm, executor) if gather else None
     per_rank = comm.gather_obj(steps, TAG_STATS, "statistics")
+    cores = comm.gather_obj((socket.gethostname(), sorted(os.sched_getaffinity(0))),
+                            TAG_STATS, "host names and cores")
     code = 0
     if comm.rank == 0:
-        code = _conclude(comm, opts, jax, setup, pieces, per_rank, clocks)
+        code = _conclude(comm, opts, jax, setup, pieces, per_rank, clocks, cores)
     code = comm.bcast_obj(code, TAG_STATUS, "the final status")
     comm.barrier("the other ranks to finish")
     sys.stdout.flush()
@@ -207,11 +209,12 @@ def _run_steps(comm, executor, opts: Options, host_inputs: dict, collect: bool) 
     steps = []
     for it in range(opts.iters):
         comm.barrier(f"the other ranks to start iteration {it}")
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         stats = executor.run_step(host_inputs, carried, collect=collect and it == opts.iters - 1)
         if it < opts.iters - 1:
             carried, stats.carry_bytes = executor.carry()
         stats.seconds = time.perf_counter() - t0  # the step and moving its carried outputs
+        stats.cpu_seconds = time.process_time() - cpu0
         steps.append(stats)
     return steps
 
@@ -253,7 +256,7 @@ def _gather_outputs(comm, executor) -> list | None:
 
 
 def _conclude(comm, opts: Options, jax, setup: _Setup, pieces, per_rank,
-              clocks: list[float] | None) -> int:
+              clocks: list[float] | None, cores: list[tuple[str, list[int]]]) -> int:
     """Rank 0: assemble, save and check the outputs, then report; EXIT_CHECK if the check
     failed, else 0."""
     from alpac.runtime import report as rep
@@ -270,7 +273,8 @@ def _conclude(comm, opts: Options, jax, setup: _Setup, pieces, per_rank,
     check = _check(opts, jax, setup, outputs) if opts.check else None
     report = rep.build(plan_dir=str(opts.plan), identity=setup.identity, timeline=setup.tl,
                        ranks=comm.size, devices_per_rank=opts.devices_per_rank,
-                       per_rank=per_rank, batch_size=setup.batch_size, check=check)
+                       per_rank=per_rank, cores=cores, batch_size=setup.batch_size,
+                       check=check)
     if opts.report:
         rep.write(report, Path(opts.report))
     if opts.trace:

@@ -233,6 +233,35 @@ def test_report_says_where_each_rank_s_step_went(run):
         assert math.isclose(modules + received + waiting, estimate, rel_tol=1e-9)
 
 
+def test_report_says_how_busy_the_host_s_cores_were(run):
+    """Each rank's process CPU time per iteration, and per host the ranks' sum and the cores
+    they may run on (both ranks here share this machine's); explain --against prints the
+    share of the iteration the host's cores needed, and says the cores bound the iteration
+    only where they were busy nearly throughout."""
+    import os
+
+    from rich.console import Console
+
+    from alpac.plan.against import HostRow, render_hosts
+    report = json.loads(run["report"].read_text())
+    ranks = report["per_rank"]
+    assert all(len(r["cpu_s"]) == report["iterations"] and min(r["cpu_s"]) > 0 for r in ranks)
+    [host] = report["hosts"]
+    assert host["ranks"] == [0, 1] and host["cores"] == len(os.sched_getaffinity(0))
+    assert host["cpu_s"] == pytest.approx([a + b for a, b in zip(ranks[0]["cpu_s"],
+                                                                  ranks[1]["cpu_s"])])
+    r = alpac("explain", run["plan"], "--against", run["report"])
+    assert f"host {host['host']}: 2 rank(s) on {host['cores']} core(s) used" in \
+        r.stdout.replace("\n", " "), r.stdout
+
+    def said(cpu: float) -> str:
+        console = Console(width=400, record=True)
+        render_hosts([HostRow("h", 4, 2, cpu)], 0.010, console)
+        return console.export_text()
+    assert "90% of the measured iteration; its cores were busy nearly throughout" in said(0.018)
+    assert "50% of the measured iteration\n" in said(0.010)
+
+
 def test_against_report_of_a_calibrated_plan_says_nothing_of_calibration(run, tmp_path):
     plan_dir = tmp_path / "plan"
     shutil.copytree(run["plan"], plan_dir)

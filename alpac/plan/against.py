@@ -123,6 +123,44 @@ def _estimated_parts(plan: dict, stages: list[dict]) -> dict[str, float]:
             "other": fed}
 
 
+@dataclass(frozen=True)
+class HostRow:
+    """A host's ranks' CPU time per iteration (the median, the first excluded) against its
+    cores: `least` seconds is what the iteration needed at the least with every core busy."""
+    host: str
+    ranks: int
+    cores: int
+    cpu: float
+
+    @property
+    def least(self) -> float:
+        return self.cpu / self.cores
+
+
+def host_rows(report: dict) -> list[HostRow]:
+    return [HostRow(h["host"], len(h["ranks"]), h["cores"], _median(h["cpu_s"]))
+            for h in report.get("hosts", []) if h["cpu_s"] and h["cores"]]
+
+
+SATURATED = 0.8  # a host whose cores were busy this share of the iteration set its time
+
+
+def render_hosts(rows: list[HostRow], measured: float, console: Console) -> None:
+    """One line per host: its ranks' CPU time, and the share of the measured iteration its
+    cores needed for it. Near all of it (ranks outnumbering cores, as simulated devices do),
+    the ranks waited for cores: the estimate prices compute as measured with every device
+    working, but work it misses or prices low then adds to the iteration in full."""
+    for h in rows:
+        share = h.least / measured if measured > 0 else 0.0
+        line = (f"host {h.host}: {h.ranks} rank(s) on {h.cores} core(s) used "
+                f"{duration(h.cpu)} of CPU per iteration, at least {duration(h.least)} of its "
+                f"cores' time: {share:.0%} of the measured iteration")
+        if share >= SATURATED:
+            line += ("; its cores were busy nearly throughout: the ranks competed for them, "
+                     "and host work the estimate misses lengthened the iteration")
+        console.print(line)
+
+
 def _ranks(numbers) -> str:
     """A group's ranks as a label: 3; 0-7 for a contiguous run; else 0,2,5."""
     n = sorted(numbers)

@@ -170,8 +170,8 @@ def _run(comm, opts: Options, platform: str) -> int:
     steps = _run_steps(comm, executor, opts, setup.host_inputs, collect=gather)
     pieces = _gather_outputs(comm, executor) if gather else None
     per_rank = comm.gather_obj(steps, TAG_STATS, "statistics")
-    cores = comm.gather_obj((socket.gethostname(), sorted(os.sched_getaffinity(0))),
-                            TAG_STATS, "host names and cores")
+    cores = comm.gather_obj((socket.gethostname(), _my_cores()), TAG_STATS,
+                            "host names and cores")
     code = 0
     if comm.rank == 0:
         code = _conclude(comm, opts, jax, setup, pieces, per_rank, clocks, cores)
@@ -181,6 +181,13 @@ def _run(comm, opts: Options, platform: str) -> int:
     if distributed:
         jax.distributed.shutdown()
     return code
+
+
+def _my_cores() -> list[int]:
+    """The host's cores this process may run on (all of them where the OS cannot say)."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
 
 
 def _plan_devices(comm, jax, k: int, distributed: bool) -> list:

@@ -35,10 +35,10 @@ from alpac.plan.schedule import max_live_microbatches
 
 
 def build(*, plan_dir: str, identity: dict, timeline, ranks: int, devices_per_rank: int,
-          per_rank: list, cores: list | None, batch_size: int | None,
+          per_rank: list, placement: list, batch_size: int | None,
           check: dict | None) -> dict:
-    """`per_rank[r]` is rank r's list of `StepStats`, one per iteration; `cores[r]` its host's
-    name and the cores it may run on."""
+    """`per_rank[r]` is rank r's list of `StepStats`, one per iteration; `placement[r]` its
+    host's name and the cores it may run on."""
     program = timeline.program
     iters = len(per_rank[0]) if per_rank else 0
     times = [max(stats[i].seconds for stats in per_rank) for i in range(iters)]
@@ -100,7 +100,7 @@ def build(*, plan_dir: str, identity: dict, timeline, ranks: int, devices_per_ra
         "transfer_time_s": [max(st[k].transfer_seconds for st in per_rank)
                             for k in range(iters)],
         "per_rank": rank_times(per_rank),
-        "hosts": host_cpu(per_rank, cores or []),
+        "hosts": host_cpu(per_rank, placement),
         "modules": module_times(timeline, per_rank),
     }
     if check is not None:
@@ -130,12 +130,12 @@ def rank_times(per_rank: list) -> list[dict]:
     return out
 
 
-def host_cpu(per_rank: list, cores: list[tuple[str, list[int]]]) -> list[dict]:
+def host_cpu(per_rank: list, placement: list[tuple[str, list[int]]]) -> list[dict]:
     """Per host: its ranks, the cores they may run on, and per iteration the CPU time they
     used together. Over the cores, that is the least time the host needed for the iteration:
     where ranks outnumber cores (simulated devices), it can set the measured time."""
     hosts: dict[str, dict] = {}
-    for r, (host, mine) in enumerate(cores):
+    for r, (host, mine) in enumerate(placement):
         h = hosts.setdefault(host, {"host": host, "ranks": [], "cores": set()})
         h["ranks"].append(r)
         h["cores"].update(mine)

@@ -166,15 +166,14 @@ def _run(comm, opts: Options, platform: str) -> int:
     comm.barrier("every rank to compile its modules")
 
     gather = opts.save is not None or opts.check
-    clocks = _clock_offsets(comm) if opts.trace else None
+    placement = _placement(comm)
+    clocks = _clock_offsets(comm, [host for host, _ in placement]) if opts.trace else None
     steps = _run_steps(comm, executor, opts, setup.host_inputs, collect=gather)
     pieces = _gather_outputs(comm, executor) if gather else None
     per_rank = comm.gather_obj(steps, TAG_STATS, "statistics")
-    cores = comm.gather_obj((socket.gethostname(), _my_cores()), TAG_STATS,
-                            "host names and cores")
     code = 0
     if comm.rank == 0:
-        code = _conclude(comm, opts, jax, setup, pieces, per_rank, clocks, cores)
+        code = _conclude(comm, opts, jax, setup, pieces, per_rank, clocks, placement)
     code = comm.bcast_obj(code, TAG_STATUS, "the final status")
     comm.barrier("the other ranks to finish")
     sys.stdout.flush()
@@ -183,11 +182,14 @@ def _run(comm, opts: Options, platform: str) -> int:
     return code
 
 
-def _my_cores() -> list[int]:
-    """The host's cores this process may run on (all of them where the OS cannot say)."""
-    if hasattr(os, "sched_getaffinity"):
-        return sorted(os.sched_getaffinity(0))
-    return list(range(os.cpu_count() or 1))
+def _placement(comm) -> list[tuple[str, list[int]]]:
+    """On every rank, per rank: its host's name and the host's cores it may run on (all of
+    them where the OS cannot say)."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        list(range(os.cpu_count() or 1))
+    return comm.bcast_obj(comm.gather_obj((socket.gethostname(), cores), TAG_CLOCK,
+                                          "host names and cores"), TAG_CLOCK,
+                          "the host names and cores")
 
 
 def _plan_devices(comm, jax, k: int, distributed: bool) -> list:
@@ -226,14 +228,12 @@ def _run_steps(comm, executor, opts: Options, host_inputs: dict, collect: bool) 
     return steps
 
 
-def _clock_offsets(comm) -> list[float] | None:
+def _clock_offsets(comm, hosts: list[str]) -> list[float] | None:
     """On rank 0, per rank: what to add to its perf_counter to read rank 0's (None on the
     others), so that the trace puts every rank's events on one time axis. The ranks of one
-    host share its monotonic clock (0); another host's offset is estimated from ping-pongs
-    with rank 0, the one with the shortest round trip (wrong by at most half of it)."""
-    host = socket.gethostname()
-    hosts = comm.bcast_obj(comm.gather_obj(host, TAG_CLOCK, "host names"), TAG_CLOCK,
-                           "the host names")
+    host (`hosts`: per rank) share its monotonic clock (0); another host's offset is estimated
+    from ping-pongs with rank 0, the one with the shortest round trip (wrong by at most half
+    of it)."""
     offsets = [0.0] * comm.size
     for r in (r for r in range(1, comm.size) if hosts[r] != hosts[0]):
         if comm.rank == 0:
@@ -263,7 +263,7 @@ def _gather_outputs(comm, executor) -> list | None:
 
 
 def _conclude(comm, opts: Options, jax, setup: _Setup, pieces, per_rank,
-              clocks: list[float] | None, cores: list[tuple[str, list[int]]]) -> int:
+              clocks: list[float] | None, placement: list[tuple[str, list[int]]]) -> int:
     """Rank 0: assemble, save and check the outputs, then report; EXIT_CHECK if the check
     failed, else 0."""
     from alpac.runtime import report as rep
@@ -280,7 +280,7 @@ def _conclude(comm, opts: Options, jax, setup: _Setup, pieces, per_rank,
     check = _check(opts, jax, setup, outputs) if opts.check else None
     report = rep.build(plan_dir=str(opts.plan), identity=setup.identity, timeline=setup.tl,
                        ranks=comm.size, devices_per_rank=opts.devices_per_rank,
-                       per_rank=per_rank, cores=cores, batch_size=setup.batch_size,
+                       per_rank=per_rank, placement=placement, batch_size=setup.batch_size,
                        check=check)
     if opts.report:
         rep.write(report, Path(opts.report))

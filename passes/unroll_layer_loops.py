@@ -64,23 +64,28 @@ def _cut_for_pipeline(module: Module, batch: BatchInfo, stages: int):
     """The module with its layer loops cut (one per stage where the step then still splits
     into microbatches, else unrolled), what it is of `module`, its costs and its step split;
     None where they are not cut."""
+    done = _analysed_cut(module, batch, stages)
+    if done is None or not done[1].per_stage:
+        return done
+    why = _not_microbatched(done[3])
+    if why is None:
+        return done
+    done = _analysed_cut(module, batch, 0)  # unrolled, the rewrite sees the bodies inlined
+    if done is None:
+        return None
+    work, unrolled, costs, split = done
+    return work, replace(unrolled, why_unrolled=f"kept one per stage, the step would not "
+                                               f"split into microbatches: {why}"), costs, split
+
+
+def _analysed_cut(module: Module, batch: BatchInfo, stages: int):
+    """`unroll_layer_loops(module, stages)` with the cut module's costs and step split."""
     done = unroll_layer_loops(module, stages)
     if done is None:
         return None
     work, unrolled = done
     costs = CostTable(work)
-    split = StepSplit(work, batch, costs)  # batch inputs are never cut
-    why = _not_microbatched(split) if unrolled.per_stage else None
-    if why is None:
-        return work, unrolled, costs, split
-    done = unroll_layer_loops(module)  # unrolled, the rewrite sees the bodies inlined
-    if done is None:
-        return None
-    work, unrolled = done
-    unrolled = replace(unrolled, why_unrolled=f"kept one per stage, the step would not split "
-                                              f"into microbatches: {why}")
-    costs = CostTable(work)
-    return work, unrolled, costs, StepSplit(work, batch, costs)
+    return work, unrolled, costs, StepSplit(work, batch, costs)  # batch inputs are never cut
 
 
 def _not_microbatched(split: StepSplit) -> str | None:

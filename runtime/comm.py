@@ -78,8 +78,11 @@ class Comm:
         """Start sending a contiguous buffer; completed by `progress` / `flush`, and in the
         background (large messages need the sender's MPI progress while it computes)."""
         buf = np.ascontiguousarray(buf)
+        request = self.comm.Isend(buf, dest=dest, tag=tag)
+        if request.Test():  # sent eagerly (a small message): no thread to wake for it
+            return
         with self._lock:
-            self._pending.append((self.comm.Isend(buf, dest=dest, tag=tag), buf))
+            self._pending.append((request, buf))
         self._wake.set()
 
     def _progress_loop(self) -> None:

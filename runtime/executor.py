@@ -23,7 +23,8 @@ from alpac.runtime.collectives import rejoin_reduce_scatters
 from alpac.runtime.comm import Comm
 from alpac.runtime.timeline import Task, Timeline
 from alpac.runtime.transfers import TAG_BASE, TAG_CARRY, Move, Mover, host_dtype, zeros_module
-from alpac.xla.bridge import compile_hlo, execute_unchecked, jax_parameter_shardings
+from alpac.xla.bridge import (compile_hlo, execute_unchecked, host_to_devices,
+                              jax_parameter_shardings)
 
 
 @dataclass
@@ -163,7 +164,6 @@ class Executor:
         return array
 
     def _feed(self, task: Task, host_inputs, carried) -> None:
-        import jax
         v = self.program.values[task.value]
         sharding = self.mover.sharding(task.sharding, task.mesh)
         key = task.writes[0][0]
@@ -180,8 +180,8 @@ class Executor:
                 index = [slice(None)] * data.ndim
                 index[task.batch_dim] = slice(task.m * n, (task.m + 1) * n)
                 data = data[tuple(index)]
-        self._store(key, jax.make_array_from_callback(
-            tuple(data.shape), sharding, lambda i, a=data: np.array(a[i], copy=True)))
+        self._store(key, host_to_devices(tuple(data.shape), sharding,
+                                         lambda i, a=data: np.array(a[i], copy=True)))
 
     def _zero(self, task: Task) -> None:
         """The zeros of a block of zero tasks (a stage's accumulators) are made together on

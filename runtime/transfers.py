@@ -11,13 +11,15 @@ counted on the receiving side, per (source mesh, destination mesh).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from alpac.runtime import resharding
 from alpac.runtime.comm import Comm
-from alpac.xla.bridge import compile_hlo, partition_indices, sharding_from_text
+from alpac.xla.bridge import (compile_hlo, host_to_devices, partition_indices,
+                              sharding_from_text)
 
 TAG_BASE = 16
 TAG_CARRY = 1 << 24
@@ -67,6 +69,7 @@ class Mover:
         # copied to the others, instead of XLA's all-gather (latency over bandwidth)
         self.allgather_min_bytes = allgather_min_bytes
         self._plans: dict[tuple, tuple] = {}
+        self._receiving: dict[int, tuple] = {}  # move tag -> `_incoming`
         self._shardings: dict[tuple, object] = {}
         self._reshard_exes: dict[tuple, object] = {}
         self._equiv: dict[tuple, tuple] = {}
@@ -163,37 +166,50 @@ class Mover:
                 self.comm.isend(_pack(parts), rank, mv.tag)
         self.seconds += time.perf_counter() - t0
 
+    def _incoming(self, mv: Move) -> tuple:
+        """What this rank receives of a move, worked out once per move: its destination
+        devices, the shape of the buffer each receives into, and per sending rank (in rank
+        order) the elements it sends and each piece's (device, slices of its buffer, shape)."""
+        found = self._receiving.get(mv.tag)
+        if found is None:
+            rp, _, src_rank, dst_rank = self._plan(mv)
+            me = self.comm.rank
+            mine = [j for j, r in enumerate(dst_rank) if r == me]
+            receivers = {p.dst for p in rp.pieces}
+            shapes = {j: [b - a for a, b in rp.recv_regions[j]] for j in mine if j in receivers}
+            by_rank: dict[int, list] = {}
+            for p in rp.pieces:
+                if dst_rank[p.dst] == me:
+                    origin = [a for a, _ in rp.recv_regions[p.dst]]
+                    by_rank.setdefault(src_rank[p.src], []).append(
+                        (p.dst, _slices(p.region, origin), [b - a for a, b in p.region]))
+            incoming = [(rank, sum(math.prod(shape) for _, _, shape in pieces), pieces)
+                        for rank, pieces in sorted(by_rank.items())]
+            found = self._receiving[mv.tag] = (mine, shapes, incoming)
+        return found
+
     def receive(self, mv: Move):
         """The array on the destination mesh in the destination sharding (call on every rank
         of the destination mesh)."""
         import time
-
-        import jax
         t0 = time.perf_counter()
         self.arrived = None
         me = self.comm.rank
         rp, _, src_rank, dst_rank = self._plan(mv)
         dtype = host_dtype(mv.dtype)
-        mine = [j for j, r in enumerate(dst_rank) if r == me]
-        receivers = {p.dst for p in rp.pieces}
-        bufs = {j: np.empty([b - a for a, b in rp.recv_regions[j]], dtype)
-                for j in mine if j in receivers}
-        incoming: dict[int, list] = {}
-        for p in rp.pieces:
-            if dst_rank[p.dst] == me:
-                incoming.setdefault(src_rank[p.src], []).append(p)
+        mine, shapes, incoming = self._incoming(mv)
+        bufs = {j: np.empty(shape, dtype) for j, shape in shapes.items()}
         moved = 0
-        for rank, pieces in sorted(incoming.items()):
+        for rank, nbytes, pieces in incoming:
             if rank == me:
                 parts = self._mailbox.pop(mv.id)
             else:
-                nbytes = sum(resharding.size(p.region) for p in pieces) * dtype.itemsize
-                raw = self.comm.recv(np.empty(nbytes, np.uint8), rank, mv.tag, mv.what)
+                raw = self.comm.recv(np.empty(nbytes * dtype.itemsize, np.uint8), rank, mv.tag,
+                                     mv.what)
                 self.arrived = time.perf_counter()
-                parts = _unpack(raw, [[b - a for a, b in p.region] for p in pieces], dtype)
-            for p, data in zip(pieces, parts):
-                origin = [a for a, _ in rp.recv_regions[p.dst]]
-                bufs[p.dst][_slices(p.region, origin)] = data
+                parts = _unpack(raw, [shape for _, _, shape in pieces], dtype)
+            for (j, where, _), data in zip(pieces, parts):
+                bufs[j][where] = data
                 moved += data.nbytes
         pair = (mv.src_mesh, mv.dst_mesh)
         self.bytes[pair] = self.bytes.get(pair, 0) + moved
@@ -212,7 +228,7 @@ class Mover:
         layout = rp.sharding_text() or mv.dst_sharding
         # one batched copy onto this rank's devices (a device_put each: ~7x the host time)
         by_region = {rp.recv_regions[j]: bufs[j] for j in mine}
-        array = jax.make_array_from_callback(
+        array = host_to_devices(
             tuple(mv.shape), self.sharding(layout, mv.dst_mesh),
             lambda index: by_region[resharding.region_of(index, mv.shape)])
         if rp.sharding_text() is not None:

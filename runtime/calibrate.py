@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import statistics
 import sys
 import tempfile
@@ -28,7 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from alpac.runtime.comm import EXIT_CHECK, EXIT_USAGE
-from alpac.plan.calibration import SCALARS
+from alpac.plan.calibration import HOST_COUNTS, SCALARS
 from alpac.runtime.calibration_grid import (Point, collective_bytes, collective_phase,
                                             dot_shapes, dot_side, grid)
 from alpac.runtime.status import STATUS_ENV, write_json
@@ -238,21 +237,25 @@ def _measure(comm, phase: str, work: Path, points: list[Point], k: int, platform
 
 def _device_info(comm, rank, platform: str) -> dict | None:
     """Rank 0: the device's name and memory (on CPU, as the default cluster divides it: this
-    host's memory over the devices of the ranks on it), the host for the file's header."""
-    host = socket.gethostname()
-    hosts = comm.gather_obj(host, TAG_GATHER, "host names")
+    host's memory over the devices of the ranks on it), the host for the file's header, and
+    how many ranks share its host on how many cores (the union of their affinities)."""
+    from alpac.runtime.worker import rank_placement
+    placement = rank_placement(comm)
     if comm.rank != 0:
         return None
+    host = placement[0][0]
+    mine = [cores for name, cores in placement if name == host]
     device = rank.local[0]
     if platform == "cpu":
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // \
-            (rank.k * hosts.count(host))
+            (rank.k * len(mine))
     else:
         memory = (device.memory_stats() or {}).get("bytes_limit", 0)
     model = next((line.split(":", 1)[1].strip() for line in _cpuinfo()
                   if line.startswith("model name")), "unknown CPU")
     return {"platform": platform, "name": device.device_kind, "memory": int(memory),
-            "host": host, "cpu": f"{model}, {os.cpu_count()} cores"}
+            "host": host, "cpu": f"{model}, {os.cpu_count()} cores",
+            "ranks_per_host": len(mine), "host_cores": len(set().union(*map(set, mine)))}
 
 
 def _cpuinfo() -> list[str]:
@@ -325,7 +328,8 @@ def cluster_dict(opts: Options, n: int, k: int, points: list[Point], seconds: li
              **({"inter_node": fits["inter_node"]} if "inter_node" in fits else {})}
     when = time.strftime("%Y-%m-%d", time.gmtime())
     cal = {"source": f"alpac calibrate{' --quick' if opts.quick else ''}, {n} ranks x {k} "
-                     f"devices, {info['platform']}, {info['host']}, {when}", **cal}
+                     f"devices, {info['platform']}, {info['host']}, {when}", **cal,
+           **{name: info[name] for name in HOST_COUNTS if info.get(name)}}
     return {"name": opts.name or f"local-{info['platform']}-calibrated", "nodes": n,
             "devices_per_node": k,
             "device": {"name": info["name"], "memory": info["memory"], "flops": flops,
@@ -363,7 +367,8 @@ def write_calibrated(opts: Options, n: int, k: int, points: list[Point], seconds
         "# median of repeated timings, no row above a larger one (README, `alpac calibrate`).",
         "# device.flops: the best dot row per type; memory_bandwidth: the largest elementwise",
         "# chain; links: latency and bandwidth fitted to the send tables. concurrency: rows of",
-        "# [devices working at once, seconds of one device's dot].",
+        "# [devices working at once, seconds of one device's dot]. ranks_per_host, host_cores:",
+        "# the ranks that ran on each host and the cores they shared.",
     ]
     out = Path(opts.output)
     tmp = out.with_name(f".{out.name}.tmp")

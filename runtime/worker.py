@@ -166,7 +166,7 @@ def _run(comm, opts: Options, platform: str) -> int:
     comm.barrier("every rank to compile its modules")
 
     gather = opts.save is not None or opts.check
-    placement = _placement(comm)
+    placement = rank_placement(comm)
     clocks = _clock_offsets(comm, [host for host, _ in placement]) if opts.trace else None
     steps = _run_steps(comm, executor, opts, setup.host_inputs, collect=gather)
     pieces = _gather_outputs(comm, executor) if gather else None
@@ -182,7 +182,7 @@ def _run(comm, opts: Options, platform: str) -> int:
     return code
 
 
-def _placement(comm) -> list[tuple[str, list[int]]]:
+def rank_placement(comm) -> list[tuple[str, list[int]]]:
     """On every rank, per rank: its host's name and the host's cores it may run on (all of
     them where the OS cannot say)."""
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \

@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from alpac.analysis.costmodel import CostModel, launch_seconds
+from alpac.analysis.costmodel import CostModel, host_cores_seconds, launch_seconds
 from alpac.errors import UserError
 from alpac.plan.calibration import Table
 from alpac.plan.cluster import load_cluster
 from alpac.plan.mesh import LogicalMesh
+from alpac.plan.schedule import step_seconds
 
 MODELS = Path(__file__).resolve().parent.parent / "testdata" / "models"
 CLUSTER = """\
@@ -431,3 +433,43 @@ def test_adam_s_bias_corrections_are_computed_in_every_stage(tmp_path):
     plan = _two_stage_plan(tmp_path, "plan", CLUSTER)
     per_step = [t["value"] for t in plan["program"]["transfers"] if t["scope"] == "step"]
     assert per_step and all(v.startswith("arg") for v in per_step)
+
+
+def test_the_host_s_cores_bound_a_step_whose_ranks_share_them(tmp_path):
+    """Where a calibration says how many ranks shared each host and on how many cores, a step
+    takes at least what the busiest host's cores need: every rank its stage's host work,
+    every device its compute at the share of the cores it had when the tables were measured
+    (none on devices that do not share the cores); the plan's estimate is the larger of that
+    and the pipeline, and explain says which bound it."""
+    counts = "  ranks_per_host: 2\n  host_cores: 1\n"
+    c = load_cluster(cluster(tmp_path, text=SHARED + counts))
+    assert (c.calibration.to_dict()["ranks_per_host"], c.calibration.host_cores) == (2, 1)
+    stages = [((0, 1), 1e-3, 2e-3), ((2, 3), 3e-3, 1e-3)]  # devices, host work, compute
+    # one host: nodes 0 and 1 do 1 + 3 ms of host work; each device's compute second is a
+    # quarter of the one core (its 4 devices working share it)
+    assert host_cores_seconds(c, stages) == pytest.approx(4e-3 + (2 * 2e-3 + 2 * 1e-3) / 4)
+    assert host_cores_seconds(c.cut(2), [((0, 1), 1e-3, 2e-3)]) == pytest.approx(
+        1e-3 + 2 * 2e-3 / 2)  # two devices working: each compute second is half the core
+    assert host_cores_seconds(load_cluster(cluster(tmp_path, text=CLUSTER + counts)),
+                              stages) == pytest.approx(4e-3)  # devices of their own
+    assert host_cores_seconds(load_cluster(cluster(tmp_path, text=SHARED)), stages) == 0.0
+    with pytest.raises(UserError, match="expected a whole number >= 0"):
+        load_cluster(cluster(tmp_path, text=SHARED + "  ranks_per_host: -1\n"))
+
+    plan = _two_stage_plan(tmp_path, "bound", (SHARED + counts).replace("LAUNCH", "5.0e-3"))
+    est, B = plan["estimate"], plan["num_micro_batches"]
+    loads = [(s["mesh"]["devices"], sum(B * v["per_microbatch"] + v["per_step"]
+                                        for v in s["estimate"].values() if isinstance(v, dict)),
+              s["estimate"]["compute_s"]) for s in plan["stages"]]
+    times = [s["estimate"]["time_per_microbatch_s"] for s in plan["stages"]]
+    applies = [s["estimate"]["apply_s"] for s in plan["stages"]]
+    pipeline = step_seconds(sum(times), max(times), max(applies), B)
+    assert est["host_cores_s"] == pytest.approx(host_cores_seconds(c, loads))
+    assert est["iteration_time_s"] == est["host_cores_s"] > pipeline
+    shown = subprocess.run([sys.executable, "-m", "alpac.cli", "explain",
+                            str(tmp_path / "bound")], capture_output=True, text=True,
+                           env={**os.environ, "COLUMNS": "200"})
+    assert "bound by the host's cores: 2 ranks share 1 core(s)" in shown.stdout
+    unbound = _two_stage_plan(tmp_path, "unbound", SHARED.replace("LAUNCH", "1.0e-4") + counts)
+    assert unbound["estimate"]["iteration_time_s"] > unbound["estimate"]["host_cores_s"] > 0
+

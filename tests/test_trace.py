@@ -156,7 +156,7 @@ def test_clock_offsets_across_hosts_come_out_near_zero_on_one_host(tmp_path):
         "from alpac.runtime import worker\n"
         "comm = Comm(60)\n"
         "socket.gethostname = lambda: f'host{comm.rank}'\n"
-        "hosts = [host for host, _ in worker._placement(comm)]\n"
+        "hosts = [host for host, _ in worker.rank_placement(comm)]\n"
         "offsets = worker._clock_offsets(comm, hosts)\n"
         "if comm.rank == 0:\n"
         "    print(json.dumps(offsets))\n")

@@ -135,10 +135,8 @@ def _whole_if_one(assignment: StageAssignment, whole) -> StageAssignment:
 
 
 def _shares_compute(cluster) -> bool:
-    """Whether a device of the cluster works at least twice as fast alone (its calibration's
-    concurrency table): virtual CPU devices share a host's cores, GPUs do not."""
-    calibration = cluster.calibration
-    return calibration is not None and calibration.compute_share(1) <= 0.5
+    """Whether the cluster's devices share their hosts' cores (`devices_share_cores`)."""
+    return cluster.calibration is not None and cluster.calibration.devices_share_cores
 
 
 def _fewer_devices(module, split, costs, cluster, budget, options, progress, stats):

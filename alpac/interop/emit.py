@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass
 
 from alpac.analysis.costmodel import (CostModel, feed_seconds, free_seconds,
-                                      launch_seconds, staging_seconds)
+                                      host_cores_seconds, launch_seconds, staging_seconds)
 from alpac.hlo import Module, print_module
 from alpac.interop.pipeline import assemble, role_modules
 from alpac.interop.pricing import pipelined_peak, role_seconds
@@ -55,9 +55,12 @@ def emit_plan(source: Module, sharded: ShardedStages, cluster=None,
         stages[0]["estimate"]["launch_s"] = {"per_microbatch": 0.0, "per_step": launch}
         stages[0]["estimate"]["feed_s"] = {"per_microbatch": 0.0, "per_step": fed}
         entries["program"] = program.to_dict()
+        cores = _host_cores(stages, cluster, 1)
         entries["estimate"] = {
-            "iteration_time_s": sum(e["estimate"]["time_s"] for e in stages) + launch + fed,
+            "iteration_time_s": max(sum(e["estimate"]["time_s"] for e in stages) + launch + fed,
+                                    cores),
             "peak_memory_bytes": max(e["estimate"]["peak_memory_bytes"] for e in stages),
+            **({"host_cores_s": cores} if cores else {}),
         }
     else:
         entries.update(_pipelined(source, sharded, stages, files, unrolled, cluster))
@@ -165,6 +168,21 @@ def _free_seconds(program: Program, cluster) -> dict[int, tuple[float, float]]:
     return _by_mesh([*made, *received])
 
 
+def _host_cores(entries: list[dict], cluster, B: int) -> float:
+    """`host_cores_seconds` of the stages, from their entries' estimates: the host work
+    each of a stage's ranks does per step (its figures per microbatch, B times, and per
+    step) and the compute each of its devices does."""
+    if cluster is None:
+        return 0.0
+    loads = []
+    for entry in entries:
+        e = entry["estimate"]
+        work = sum(B * v["per_microbatch"] + v["per_step"] for v in e.values()
+                   if isinstance(v, dict) and "per_step" in v)
+        loads.append((entry["mesh"]["devices"], work, e["compute_s"]))
+    return host_cores_seconds(cluster, loads)
+
+
 def _by_mesh(items) -> dict[int, tuple[float, float]]:
     """(mesh, scope, seconds) items summed per mesh: (per microbatch, per step)."""
     out: dict[int, list[float]] = {}
@@ -268,8 +286,10 @@ def _pipelined(source: Module, sharded: ShardedStages, entries: list[dict],
         times.append(figures.t)
         applies.append(figures.apply)
         peaks.append(peak)
+    cores = _host_cores(entries, cluster, B)
     return {"program": program.to_dict(), "estimate": {
-        "iteration_time_s": step_seconds(sum(times), max(times), max(applies), B),
+        "iteration_time_s": step_seconds(sum(times), max(times), max(applies), B, cores),
+        **({"host_cores_s": cores} if cores else {}),
         "bubble_fraction": bubble_share(sum(times), max(times), S, B),
         "peak_memory_bytes": max(peaks),
         "bytes_between_meshes": program.transfer_bytes(),

@@ -26,6 +26,9 @@ SCALARS = ("launch_s", "flop_s", "transcendental_s", "array_s", "launch_alone_s"
            "array_alone_s", "feed_s", "free_s")
 
 
+HOST_COUNTS = ("ranks_per_host", "host_cores")
+
+
 @dataclass(frozen=True)
 class Table:
     """Seconds against a size, from measured rows."""
@@ -79,6 +82,16 @@ class Calibration:
     # host's cores (virtual CPU devices), fewer at once are each faster; the other tables
     # were measured with every device working (the last row)
     concurrency: Table | None = None
+    # where several ranks share a host: how many ran on each (consecutive nodes of the
+    # cluster), and the cores they shared (0: not recorded; `host_cores_seconds`)
+    ranks_per_host: int = 0
+    host_cores: int = 0
+
+    @property
+    def devices_share_cores(self) -> bool:
+        """Whether a device works at least twice as fast alone (the concurrency table):
+        virtual CPU devices share their host's cores, GPUs do not."""
+        return self.concurrency is not None and self.compute_share(1) <= 0.5
 
     def compute_share(self, busy: int) -> float:
         """What one device's work costs when `busy` devices work at once, against the tables'
@@ -136,6 +149,7 @@ class Calibration:
             out["send"] = {link: t.to_rows() for link, t in self.send.items()}
         if self.concurrency is not None:
             out["concurrency"] = self.concurrency.to_rows()
+        out.update({name: getattr(self, name) for name in HOST_COUNTS if getattr(self, name)})
         return out
 
 
@@ -143,7 +157,7 @@ def read_calibration(d, fail) -> Calibration:
     """The section as loaded from YAML; `fail(keys, message)` reports a mistake."""
     keys = ("calibration",)
     _mapping(d, keys, ("source",) + SCALARS + ("dot", "elementwise", "reduce", "collectives",
-                                               "send", "concurrency"), fail)
+                                               "send", "concurrency") + HOST_COUNTS, fail)
     scalars = [_seconds(d, name, fail) for name in SCALARS]
     dot = {str(t): _table(rows, keys + ("dot", str(t)), fail)
            for t, rows in _mapping(d.get("dot", {}), keys + ("dot",), None, fail).items()}
@@ -162,7 +176,8 @@ def read_calibration(d, fail) -> Calibration:
     return Calibration(str(d.get("source", "")), *scalars, dot,
                        _optional_table(d, "elementwise", fail),
                        _optional_table(d, "reduce", fail), collectives, send,
-                       _optional_table(d, "concurrency", fail))
+                       _optional_table(d, "concurrency", fail),
+                       *(_count(d, name, fail) for name in HOST_COUNTS))
 
 
 def _seconds(d: dict, name: str, fail) -> float:
@@ -173,6 +188,13 @@ def _seconds(d: dict, name: str, fail) -> float:
     if not 0 <= value < math.inf:
         fail(("calibration", name), f"expected non-negative seconds, got {d[name]!r}")
     return float(value)
+
+
+def _count(d: dict, name: str, fail) -> int:
+    value = d.get(name, 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        fail(("calibration", name), f"expected a whole number >= 0, got {value!r}")
+    return value
 
 
 def _mapping(d, keys, allowed, fail) -> dict:

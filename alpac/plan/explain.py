@@ -41,6 +41,13 @@ def render(plan: dict, plan_dir: Path, console: Console, pattern: str | None,
                   f"{plan['num_micro_batches']} microbatch(es)")
     console.print(f"  estimated iteration {duration(est.get('iteration_time_s', 0))}, peak "
                   f"{si(est.get('peak_memory_bytes', 0))}B per device")
+    cores = est.get("host_cores_s", 0)
+    if cores and cores >= est.get("iteration_time_s", 0):
+        cal = plan["cluster"].get("calibration", {})
+        console.print(f"  bound by the host's cores: {cal.get('ranks_per_host')} ranks share "
+                      f"{cal.get('host_cores')} core(s), and each rank's host work (launching, "
+                      f"moving, feeding, freeing) with each device's compute needs "
+                      f"{duration(cores)} of them per iteration, longer than the pipeline")
     if used := plan.get("devices_used"):
         total = plan["cluster"]["nodes"] * plan["cluster"]["devices_per_node"]
         console.print(f"  runs on {used} of the cluster's {total} devices, the rest idle: "

@@ -140,9 +140,11 @@ def pipeline_seconds(total: float, slowest: float, num_micro_batches: int) -> fl
 
 
 def step_seconds(total: float, slowest: float, slowest_apply: float,
-                 num_micro_batches: int) -> float:
-    """A whole step: the pipeline, then the slowest stage's update."""
-    return pipeline_seconds(total, slowest, num_micro_batches) + slowest_apply
+                 num_micro_batches: int, host_cores: float = 0.0) -> float:
+    """A whole step: the pipeline, then the slowest stage's update; at least `host_cores`,
+    the least time the busiest host's cores need for the step's host work and compute where
+    ranks share them (`costmodel.host_cores_seconds`; the stage DP leaves it out)."""
+    return max(pipeline_seconds(total, slowest, num_micro_batches) + slowest_apply, host_cores)
 
 
 def bubble_share(total: float, slowest: float, num_stages: int,

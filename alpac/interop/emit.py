@@ -19,6 +19,10 @@ from alpac.plan.program import Program, Role, single_stage_program
 from alpac.plan.schedule import bubble_share, step_seconds
 
 
+# a stage's host work in plan.json's estimate: per key, seconds per microbatch and per step
+HOST_WORK = ("launch_s", "receive_s", "send_s", "feed_s", "free_s")
+
+
 @dataclass(frozen=True)
 class EmittedPlan:
     """What goes into the plan directory: files by plan-relative path, and plan.json's
@@ -177,8 +181,8 @@ def _host_cores(entries: list[dict], cluster, B: int) -> float:
     loads = []
     for entry in entries:
         e = entry["estimate"]
-        work = sum(B * v["per_microbatch"] + v["per_step"] for v in e.values()
-                   if isinstance(v, dict) and "per_step" in v)
+        work = sum(B * e[key]["per_microbatch"] + e[key]["per_step"] for key in HOST_WORK
+                   if key in e)
         loads.append((entry["mesh"]["devices"], work, e["compute_s"]))
     return host_cores_seconds(cluster, loads)
 
@@ -261,12 +265,11 @@ def _pipelined(source: Module, sharded: ShardedStages, entries: list[dict],
     _loop_iterations(program, entries)
     S = len(sharded.stages)
     role_launches = _role_launches(program, cluster)
-    host = {  # plan.json key -> stage -> (per microbatch, per step) seconds beside the ILP's
-        "launch_s": _launch_seconds(role_launches),
-        "receive_s": _receive_seconds(program, [s.stage.mesh for s in sharded.stages], cluster),
-        "send_s": _send_seconds(program, cluster),
-        "feed_s": _feed_seconds(program, cluster),
-        "free_s": _free_seconds(program, cluster)}
+    host = dict(zip(HOST_WORK, (  # stage -> (per microbatch, per step) beside the ILP's
+        _launch_seconds(role_launches),
+        _receive_seconds(program, [s.stage.mesh for s in sharded.stages], cluster),
+        _send_seconds(program, cluster), _feed_seconds(program, cluster),
+        _free_seconds(program, cluster))))
     times, applies, peaks = [], [], []
     for s, (done, entry) in enumerate(zip(sharded.stages, entries)):
         figures, in_flight, peak = pipelined_peak(done.stage.pipeline_stage, done.sharding,

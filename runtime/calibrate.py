@@ -367,8 +367,9 @@ def write_calibrated(opts: Options, n: int, k: int, points: list[Point], seconds
         "# median of repeated timings, no row above a larger one (README, `alpac calibrate`).",
         "# device.flops: the best dot row per type; memory_bandwidth: the largest elementwise",
         "# chain; links: latency and bandwidth fitted to the send tables. concurrency: rows of",
-        "# [devices working at once, seconds of one device's dot]. ranks_per_host, host_cores:",
-        "# the ranks that ran on each host and the cores they shared.",
+        "# [devices working at once, seconds of one device's dot]; alone: the f32 dot,",
+        "# elementwise and reduce tables on one device, every other idle. ranks_per_host,",
+        "# host_cores: the ranks that ran on each host and the cores they shared.",
     ]
     out = Path(opts.output)
     tmp = out.with_name(f".{out.name}.tmp")
@@ -412,12 +413,13 @@ def _flat(cal: dict) -> list[tuple[tuple[str, ...], list]]:
             for kind, groups in kinds.items() for g, rows in groups.items()]
     out += [(("send", link), rows) for link, rows in cal.get("send", {}).items()]
     out += [(("concurrency",), cal["concurrency"])] if "concurrency" in cal else []
+    out += [(("alone", name), rows) for name, rows in cal.get("alone", {}).items()]
     return out
 
 
 def _remeasure(table: tuple[str, ...], size: float, n: int, k: int) -> list[Point]:
     """The points that measure a recorded row again (none where this launch cannot)."""
-    kind = table[0]
+    kind = table[-1] if table[0] == "alone" else table[0]
     if kind in SCALARS:
         return [Point(table, 1)]
     if kind == "dot":
@@ -445,7 +447,7 @@ def sample(cal: dict, n: int, k: int) -> list[Sample]:
     size limits) and their points."""
     out = []
     for table, rows in _flat(cal):
-        cap = CHECK_MAX_FLOPS if table[0] == "dot" else CHECK_MAX_BYTES
+        cap = CHECK_MAX_FLOPS if "dot" in table else CHECK_MAX_BYTES
         small = [r for r in rows if r[0] <= cap] or rows[:1]
         for i in sorted({0, len(small) // 2, len(small) - 1}):
             size, seconds = small[i]

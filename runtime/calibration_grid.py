@@ -12,6 +12,9 @@ COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "coll
 # seconds per collective (a 5-minute budget for 4 ranks on 2 cores); the tables extrapolate
 # past it
 ACROSS_MAX_BYTES = 16 << 20
+# the largest dot timed on one device alone: a plan leaves devices idle only where its work
+# is small (the table extrapolates past it)
+ALONE_MAX_SIDE = 512
 
 
 @dataclass(frozen=True)
@@ -28,7 +31,7 @@ class Point:
         what = ".".join(self.table)
         if self.table[0] == "concurrency":
             return f"a dot on {self.size} device(s) at once"
-        if self.table[0] == "dot":
+        if "dot" in self.table:
             return f"{what} {'x'.join(map(str, self.shape))}"
         return what if self.table[0] in SCALARS else f"{what} {self.size:,} B"
 
@@ -97,4 +100,9 @@ def grid(nodes: int, k: int, quick: bool, gpu: bool = False) -> list[Point]:
     total = nodes * k
     points += [Point(("concurrency",), busy) for busy in [1] + group_sizes(total)] \
         if total > 1 else []
+    if total > 1 and not gpu:  # devices that share a host's cores: the compute tables alone
+        points += [Point(("alone", "dot"), 2 * s ** 3, shape) for s in sides[::2]
+                   if s <= ALONE_MAX_SIDE for shape in dot_shapes(s)]
+        points += [Point(("alone", name), unit * b) for b in arrays[::2]
+                   for name, unit in (("elementwise", 2), ("reduce", 1))]
     return points

@@ -96,6 +96,8 @@ class Rank:
         self.local = sorted(jax.local_devices(), key=lambda d: d.id)[:k]
         self.everywhere = sorted(jax.devices(), key=lambda d: d.id) if distributed else None
         self.launch_s: float | None = None  # `launch`'s figure, once measured
+        # `alone`'s launch on rank 0, once measured (0 on the other ranks, which kept step)
+        self.launch_alone_s: float | None = None
         self._work_on: dict[tuple, float] = {}  # (mesh, count) -> its dots (_in_modules)
 
     def _timed(self, run, ops: int = 1) -> float:
@@ -121,6 +123,8 @@ class Rank:
             return self.dot(p.table[1], *p.shape)
         if kind == "concurrency":
             return self.concurrent(p.size)
+        if kind == "alone":
+            return self.compute_alone(p)
         if kind in ("elementwise", "reduce"):
             return self.memory(kind, p.size)
         if kind == "collectives":
@@ -179,9 +183,28 @@ class Rank:
         if self.comm.rank:
             for _ in range(timings):
                 self._timed(lambda r: None)
+            if kind == "launch_alone_s":
+                self.launch_alone_s = 0.0
             return None
         one = self.local[:1]
-        return self.launch(one) if kind == "launch_alone_s" else self.arrays(devices=one)
+        if kind == "array_alone_s":
+            return self.arrays(devices=one)
+        self.launch_alone_s = self.launch(one)
+        return self.launch_alone_s
+
+    def compute_alone(self, p: Point) -> float | None:
+        """A row of the f32 dot, elementwise or reduce table on rank 0's first device, every
+        other device idle (`Calibration.alone`): virtual CPU devices share their host's cores,
+        and a small kernel gains less from working alone than a large dot. None on the other
+        ranks, which keep step."""
+        if self.launch_alone_s is None:  # `memory` takes a module's launch off
+            self.alone("launch_alone_s")
+        if self.comm.rank:
+            self._timed(lambda r: None)
+            return None
+        if p.table[1] == "dot":
+            return self.dot("f32", *p.shape, devices=self.local[:1])
+        return self.memory(p.table[1], p.size, alone=True)
 
     def arrays(self, count: int = 64, devices=None) -> float:
         """Beyond `launch`, each more array a module execution returns (the host's work per
@@ -303,14 +326,14 @@ class Rank:
                 seconds.append(self.dot("f32", side, side, side, self.local[:mine]))
         return statistics.median(seconds) if mine else None
 
-    def memory(self, kind: str, nbytes: int) -> float:
+    def memory(self, kind: str, nbytes: int, alone: bool = False) -> float:
         """A fused chain of four elementwise ops over an f32 array (`nbytes` read + written),
         or a row reduction of one (`nbytes` read), as a module runs them: kernels one after
         the other, each reading an array of its own and writing a new one (an optimizer's
         update is hundreds of these; a new result's memory is first touched, which a loop
         over one array in place never pays: 2-4x slower on CPU). A module of K such kernels
         is timed as alpa-run runs one (waited for); less the launch of a module, over K, is
-        one kernel."""
+        one kernel. `alone`: on the rank's first device only (`compute_alone`)."""
         from jax.sharding import PartitionSpec as P
         jnp = self.jax.numpy
         n = nbytes // (8 if kind == "elementwise" else 4)
@@ -322,18 +345,22 @@ class Rank:
             def op(x):
                 return jnp.sum(x, axis=1)
         kernels = max(1, min(STRAIGHT_KERNELS, STRAIGHT_BYTES // nbytes))
-        mesh, f = self._spmd_kernels(op, kernels)
-        xs = self._fill(mesh, P("d"), (self.k * (n // cols), cols), np.float32,
+        devices = self.local[:1] if alone else self.local
+        mesh, f = self._spmd_kernels(op, kernels, devices)
+        xs = self._fill(mesh, P("d"), (len(devices) * (n // cols), cols), np.float32,
                         *range(1, kernels + 1))
         module = self._timed(lambda r: _calls(f, xs, r))
-        launch = self.launch() if self.launch_s is None else self.launch_s
+        if alone:
+            launch = self.launch_alone_s
+        else:
+            launch = self.launch() if self.launch_s is None else self.launch_s
         return max(module - launch, module / 2) / kernels  # noise never leaves nothing
 
-    def _spmd_kernels(self, op, count: int):
-        """`op` on each of `count` arrays (split over the rank's devices), one result each."""
+    def _spmd_kernels(self, op, count: int, devices):
+        """`op` on each of `count` arrays (split over `devices`), one result each."""
         from jax.sharding import Mesh
         from jax.sharding import PartitionSpec as P
-        mesh = Mesh(np.array(self.local), ("d",))
+        mesh = Mesh(np.array(devices), ("d",))
         body = self.jax.shard_map(lambda *xs: tuple(op(x) for x in xs), mesh=mesh,
                                   in_specs=(P("d"),) * count, out_specs=(P("d"),) * count,
                                   check_vma=False)

@@ -31,6 +31,7 @@ def tables(cal: dict) -> dict[str, list]:
             for link, kinds in cal["collectives"].items()
             for kind, groups in kinds.items() for g, rows in groups.items()}
     out |= {"concurrency": cal["concurrency"]} if "concurrency" in cal else {}
+    out |= {f"alone.{name}": rows for name, rows in cal.get("alone", {}).items()}
     return out | {f"send.{link}": rows for link, rows in cal["send"].items()}
 
 
@@ -63,7 +64,8 @@ def test_quick_calibration_loads_and_is_complete(calibrated):
     assert 0 < cal["free_s"] < cal["feed_s"] < cal["launch_s"] * 10
     found = tables(cal)
     expected = {"dot.f32", "dot.bf16", "elementwise", "reduce", "send.intra_node",
-                "send.inter_node", "concurrency"}
+                "send.inter_node", "concurrency", "alone.dot", "alone.elementwise",
+                "alone.reduce"}
     expected |= {f"collectives.intra_node.{kind}.2" for kind in KINDS}
     expected |= {f"collectives.inter_node.{kind}.2" for kind in KINDS}
     assert set(found) == expected
@@ -75,6 +77,11 @@ def test_quick_calibration_loads_and_is_complete(calibrated):
     # one device working, 2, 4: on this machine's 2 cores a device alone is faster
     assert [r[0] for r in cal["concurrency"]] == [1, 2, 4]
     assert cluster.calibration.compute_share(1) < 0.8
+    # the compute tables again on one device, every other idle: faster than with all working
+    alone = cluster.calibration.alone_tables()
+    for size in (1e5, 1e6):
+        assert alone.dot["f32"](size) < cluster.calibration.dot["f32"](size)
+    assert alone.elementwise(1e6) < cluster.calibration.elementwise(1e6)
 
 
 def test_check_of_a_fresh_calibration_passes(calibrated):
@@ -82,8 +89,10 @@ def test_check_of_a_fresh_calibration_passes(calibrated):
     assert result.returncode == 0, result.stderr + result.stdout
     cal = yaml.safe_load(calibrated.read_text())["calibration"]
     scalars = sum(name in cal for name in SCALARS)  # a zero figure is left out of the file
-    assert f"calibration check passed: {17 + scalars} tables within 9900%" in result.stdout
+    # 2 dot, elementwise, reduce, 10 collectives, 2 send, concurrency, 3 alone tables
+    assert f"calibration check passed: {20 + scalars} tables within 9900%" in result.stdout
     assert "collectives.inter_node.all-to-all.2" in result.stdout
+    assert "alone.elementwise" in result.stdout
 
 
 def test_check_fails_on_drift(tmp_path):

@@ -348,6 +348,33 @@ def test_the_host_s_work_alone_is_measured_not_scaled_like_compute(tmp_path):
         [alone, alone + (full - alone) * (0.5 - 0.25) / 0.75, full])
 
 
+def test_one_device_alone_is_priced_by_its_own_tables_where_measured(tmp_path):
+    """With the compute tables measured on one device alone, a cluster cut to one device
+    prices its work by them (a small kernel gains less than the concurrency table's dot: here
+    2x against 4x), every device by the every-device tables, and 2 in between as the compute
+    share goes; a bf16 dot gains what the f32 dot of its size does, and arithmetic the
+    concurrency share."""
+    text = SHARED + ("  flop_s: 1.0e-9\n  dot:\n    f32: [[1e6, 1.0e-4], [1e9, 2.0e-2]]\n"
+                     "    bf16: [[1e6, 5.0e-5], [1e9, 1.0e-2]]\n"
+                     "  alone:\n    dot: [[1e6, 5.0e-5], [1e9, 5.0e-3]]\n"
+                     "    elementwise: [[1e3, 2.5e-5], [1e7, 5.0e-4]]\n"
+                     "    reduce: [[1e3, 2.5e-5], [1e7, 5.0e-4]]\n")
+    text = text.replace("  dot:\n    f32: [[1e6, 1.0e-4], [1e9, 2.0e-2]]\n", "", 1)
+    c = load_cluster(cluster(tmp_path, text=text))
+    assert c.calibration.to_dict()["alone"]["dot"] == [[1e6, 5e-5], [1e9, 5e-3]]
+
+    def model(n):
+        return CostModel(c.cut(n), LogicalMesh((n,), tuple(range(n))))
+    kernel = [model(n).compute(0, 1e3, kind="elementwise", kernel_bytes=1e3) for n in (1, 2, 4)]
+    assert kernel == pytest.approx([2.5e-5, 2.5e-5 + 2.5e-5 / 3, 5e-5])
+    assert model(1).compute(1e9, 0, "f32", "dot") == pytest.approx(5e-3)
+    assert model(1).compute(1e9, 0, "bf16", "dot") == pytest.approx(1e-2 * 5e-3 / 2e-2)
+    arithmetic = model(1).compute(1e6, 1e3, kind="elementwise", kernel_bytes=1e3)
+    assert arithmetic == pytest.approx(0.25 * 1e6 * 1e-9)
+    with pytest.raises(UserError, match="alone.*unknown key 'send'"):
+        load_cluster(cluster(tmp_path, text=text + "    send: [[1, 1.0]]\n"))
+
+
 def test_the_automatic_plan_leaves_devices_idle_where_that_is_faster(tmp_path):
     """On a host whose 4 devices share its cores (a device alone 4x as fast), the tiny MLP
     step runs fastest on one device: the automatic plan says so, and explain tells why; a

@@ -28,7 +28,9 @@ array it returns (`launch_seconds`), and each array a step feeds its modules lik
 (`feed_seconds`). They were measured with every device of the
 calibration working; where its `concurrency` table says devices share a host (virtual CPU
 devices), compute on a cluster cut to fewer devices (a plan that leaves the rest idle)
-costs that table's share, launching between its every-device and its one-alone figures.
+costs between the every-device tables and the one-alone ones (`Calibration.alone_tables`;
+without them, the concurrency share of the every-device ones), launching likewise between
+its every-device and its one-alone figures.
 """
 
 from __future__ import annotations
@@ -121,6 +123,8 @@ class CostModel:
         self._links: dict[tuple[int, ...], object] = {}
         calibration = cluster.calibration
         self._share = calibration.compute_share(cluster.num_devices) if calibration else 1.0
+        # one device's tables where a cluster cut to fewer devices works between the two
+        self._alone = calibration.alone_tables() if calibration and self._share < 1 else None
 
     def _link(self, axes: tuple[int, ...]) -> tuple[object, str, int]:
         """The link a collective over `axes` uses, its kind (intra_node or inter_node), and
@@ -167,14 +171,20 @@ class CostModel:
         the fused kernel the instruction runs in, alpac.analysis.fusion) the instruction
         costs its share, `nbytes` of them, of the kernel's memory time, or its arithmetic
         at the measured per-op rates where that takes longer (sqrt, exp, divide chains).
-        Times the concurrency share of a cluster cut to fewer devices (module docstring)."""
-        return self._share * self._compute(flops, nbytes, dtype, kind, kernel_bytes,
-                                           transcendentals)
-
-    def _compute(self, flops: float, nbytes: float, dtype: str, kind: str,
-                 kernel_bytes: float | None, transcendentals: float) -> float:
-        """`compute` with every device of the calibration working."""
+        On a cluster cut to fewer devices that share a host, between this with every device
+        working and with one alone (module docstring)."""
         calibration = self.cluster.calibration
+        every = self._compute(calibration, flops, nbytes, dtype, kind, kernel_bytes,
+                              transcendentals)
+        if self._alone is None:
+            return self._share * every
+        alone = self._compute(self._alone, flops, nbytes, dtype, kind, kernel_bytes,
+                              transcendentals)
+        return calibration.between(alone, every, self.cluster.num_devices)
+
+    def _compute(self, calibration, flops: float, nbytes: float, dtype: str, kind: str,
+                 kernel_bytes: float | None, transcendentals: float) -> float:
+        """`compute` by `calibration`'s tables (the roofline without them)."""
         if calibration is not None:
             if kind == "dot" and flops:
                 table = calibration.dot.get(dtype) or calibration.dot.get("f32")

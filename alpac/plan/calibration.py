@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 COLLECTIVE_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all",
                     "collective-permute")
@@ -27,6 +27,8 @@ SCALARS = ("launch_s", "flop_s", "transcendental_s", "array_s", "launch_alone_s"
 
 
 HOST_COUNTS = ("ranks_per_host", "host_cores")
+# the compute tables measured again on one device alone (`Calibration.alone`)
+ALONE_TABLES = ("dot", "elementwise", "reduce")
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,10 @@ class Calibration:
     # host's cores (virtual CPU devices), fewer at once are each faster; the other tables
     # were measured with every device working (the last row)
     concurrency: Table | None = None
+    # the f32 dot, elementwise and reduce tables again on rank 0's first device, every other
+    # device idle: where devices share cores, small kernels gain less from working alone than
+    # the concurrency table's dot (`alone_tables`)
+    alone: dict[str, Table] = field(default_factory=dict)
     # where several ranks share a host: how many ran on each (consecutive nodes of the
     # cluster), and the cores they shared (0: not recorded; `host_cores_seconds`)
     ranks_per_host: int = 0
@@ -104,17 +110,39 @@ class Calibration:
     def host_seconds(self, arrays: int, busy: int) -> float:
         """Launching a module execution that returns `arrays` arrays with `busy` devices
         working at once: measured with every device working and with one alone, in between
-        as the compute share goes (without the one-alone figures, the compute share of the
-        every-device ones). The host's work does not speed up as devices' compute does: on
-        this machine a one-device GPT step's 206 arrays took 1.5 ms alone, 3.1 ms with all 8
-        devices working, and the compute share (6.3x) would have priced them at 0.49 ms."""
+        as the compute share goes (`between`; without the one-alone figures, the compute share
+        of the every-device ones). The host's work does not speed up as devices' compute does:
+        on this machine a one-device GPT step's 206 arrays took 1.5 ms alone, 3.1 ms with all
+        8 devices working, and the compute share (6.3x) would have priced them at 0.49 ms."""
         every = self.launch_s + self.array_s * arrays
+        if not self.launch_alone_s:
+            return every * self.compute_share(busy)
+        return self.between(self.launch_alone_s + self.array_alone_s * arrays, every, busy)
+
+    def between(self, alone: float, every: float, busy: int) -> float:
+        """A figure measured with one device alone and with every device working, for `busy`
+        devices working at once: from one to the other as the compute share goes."""
         share = self.compute_share(busy)
-        if share >= 1.0 or not self.launch_alone_s:
-            return every * share
-        alone = self.launch_alone_s + self.array_alone_s * arrays
-        least = self.compute_share(1)  # below share here
+        if share >= 1.0:
+            return every
+        least = self.compute_share(1)
         return alone + (every - alone) * (share - least) / (1.0 - least)
+
+    def alone_tables(self) -> Calibration | None:
+        """These tables as one device working alone gets them (None where not measured): its
+        dot, elementwise and reduce tables; another element type's dots and the per-op
+        arithmetic at the f32 dot's speed-up at the same size (the concurrency share)."""
+        if set(self.alone) != set(ALONE_TABLES):
+            return None
+        f32, alone = self.dot.get("f32"), self.alone["dot"]
+        dot = {t: table if f32 is None or t == "f32" else
+               Table(table.sizes, tuple(y * alone(x) / f32(x)
+                                        for x, y in zip(table.sizes, table.seconds)))
+               for t, table in self.dot.items()}
+        least = self.compute_share(1)
+        return replace(self, dot={**dot, "f32": alone}, elementwise=self.alone["elementwise"],
+                       reduce=self.alone["reduce"], flop_s=self.flop_s * least,
+                       transcendental_s=self.transcendental_s * least, alone={})
 
     def dot_seconds(self, flops: float, dtype: str) -> float | None:
         table = self.dot.get(dtype) or self.dot.get("f32")
@@ -149,6 +177,8 @@ class Calibration:
             out["send"] = {link: t.to_rows() for link, t in self.send.items()}
         if self.concurrency is not None:
             out["concurrency"] = self.concurrency.to_rows()
+        if self.alone:
+            out["alone"] = {name: table.to_rows() for name, table in self.alone.items()}
         out.update({name: getattr(self, name) for name in HOST_COUNTS if getattr(self, name)})
         return out
 
@@ -157,7 +187,8 @@ def read_calibration(d, fail) -> Calibration:
     """The section as loaded from YAML; `fail(keys, message)` reports a mistake."""
     keys = ("calibration",)
     _mapping(d, keys, ("source",) + SCALARS + ("dot", "elementwise", "reduce", "collectives",
-                                               "send", "concurrency") + HOST_COUNTS, fail)
+                                               "send", "concurrency", "alone") + HOST_COUNTS,
+             fail)
     scalars = [_seconds(d, name, fail) for name in SCALARS]
     dot = {str(t): _table(rows, keys + ("dot", str(t)), fail)
            for t, rows in _mapping(d.get("dot", {}), keys + ("dot",), None, fail).items()}
@@ -173,10 +204,13 @@ def read_calibration(d, fail) -> Calibration:
     send = {link: _table(rows, keys + ("send", link), fail)
             for link, rows in _mapping(d.get("send", {}), keys + ("send",), LINK_KINDS,
                                        fail).items()}
+    alone = {name: _table(rows, keys + ("alone", name), fail)
+             for name, rows in _mapping(d.get("alone", {}), keys + ("alone",), ALONE_TABLES,
+                                        fail).items()}
     return Calibration(str(d.get("source", "")), *scalars, dot,
                        _optional_table(d, "elementwise", fail),
                        _optional_table(d, "reduce", fail), collectives, send,
-                       _optional_table(d, "concurrency", fail),
+                       _optional_table(d, "concurrency", fail), alone,
                        *(_count(d, name, fail) for name in HOST_COUNTS))
 
 

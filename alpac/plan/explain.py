@@ -52,7 +52,7 @@ def render(plan: dict, plan_dir: Path, console: Console, pattern: str | None,
         total = plan["cluster"]["nodes"] * plan["cluster"]["devices_per_node"]
         console.print(f"  runs on {used} of the cluster's {total} devices, the rest idle: "
                       f"they share a host, and with fewer working each is faster (the "
-                      f"calibration's concurrency table)")
+                      f"calibration's concurrency and alone tables)")
     for what in ("pipelining", "microbatching"):
         if reason := (plan.get(what) or {}).get("refused"):
             console.print(f"  [bold]{what} refused[/]: {reason}")

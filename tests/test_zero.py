@@ -63,7 +63,7 @@ def test_gradients_are_reduce_scattered(name, mesh):
 
 @pytest.mark.parametrize("name", ["mlp_train", "gpt_train"])
 def test_optimizer_state_is_divided_as_estimated(name):
-    path = plan(name, "4")
+    path = plan(name, "4", zero="2")
     p, _, exe = load(path)
     stage = p["stages"][0]
     # the optimizer state lives split in 4: the arguments XLA holds per device match the
@@ -101,12 +101,20 @@ def test_zero3_stores_weights_split_and_computes_the_same():
         assert np.max(np.abs(o - r)) <= 1e-5 * max(float(np.max(np.abs(r))), 1e-30)
 
 
-@pytest.mark.parametrize("name,mesh", [("gpt_train", "4"), ("mlp_train", "2x2")])
-def test_rewrite_saves_memory_without_slowing_the_step(name, mesh):
+@pytest.mark.parametrize("name,mesh,applied", [("gpt_train", "4", False),
+                                               ("mlp_train", "2x2", True)])
+def test_rewrite_saves_memory_without_slowing_the_step(name, mesh, applied):
+    """zero=auto rewrites where the step is no slower as XLA runs it: on CPU the gradients'
+    all-reduces run combined, the rewrite's reduce-scatters apart, so GPT's 29 gradients on 4
+    devices stay all-reduced (their rewrite is priced slower)."""
     with_rewrite = json.loads((plan(name, mesh) / "plan.json").read_text())
     without = json.loads((plan(name, mesh, rewrite=False) / "plan.json").read_text())
     report = with_rewrite["reduce_scatter"][0]
-    assert report["applied"] and report["rewritten"]
+    assert report["rewritten"] and report["applied"] == applied
+    if not applied:
+        assert report["time_after_s"] > report["time_before_s"]
+        assert with_rewrite["estimate"] == without["estimate"]
+        return
     assert report["memory_saved_bytes"] > 0
     assert with_rewrite["estimate"]["iteration_time_s"] <= \
         without["estimate"]["iteration_time_s"] * (1 + 1e-9)

@@ -50,9 +50,11 @@ def render(plan: dict, plan_dir: Path, console: Console, pattern: str | None,
                       f"{duration(cores)} of them per iteration, longer than the pipeline")
     if used := plan.get("devices_used"):
         total = plan["cluster"]["nodes"] * plan["cluster"]["devices_per_node"]
+        tables = "concurrency and alone tables" if plan["cluster"].get(
+            "calibration", {}).get("alone") else "concurrency table"
         console.print(f"  runs on {used} of the cluster's {total} devices, the rest idle: "
                       f"they share a host, and with fewer working each is faster (the "
-                      f"calibration's concurrency and alone tables)")
+                      f"calibration's {tables})")
     for what in ("pipelining", "microbatching"):
         if reason := (plan.get(what) or {}).get("refused"):
             console.print(f"  [bold]{what} refused[/]: {reason}")
@@ -159,7 +161,9 @@ def render_stage(stage: dict, plan_dir: Path, console: Console, pattern: str | N
         for col in ("kind", "count", "bytes", "seconds"):
             table.add_column(col, justify="left" if col == "kind" else "right")
         for kind, c in stage["collectives"].items():
-            table.add_row(kind, str(c["count"]), f"{si(c['bytes'])}B", duration(c["seconds"]))
+            runs = c.get("combined", c["count"])  # as XLA combines all-reduces
+            count = str(c["count"]) + (f" → {runs}" if runs != c["count"] else "")
+            table.add_row(kind, count, f"{si(c['bytes'])}B", duration(c["seconds"]))
         console.print(table)
     if update is not None:
         _weight_update(update, console)

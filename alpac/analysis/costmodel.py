@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 
+from alpac.plan.calibration import between
 from alpac.plan.mesh import LogicalMesh
 
 
@@ -125,6 +126,8 @@ class CostModel:
         self._share = calibration.compute_share(cluster.num_devices) if calibration else 1.0
         # one device's tables where a cluster cut to fewer devices works between the two
         self._alone = calibration.alone_tables() if calibration and self._share < 1 else None
+        if self._alone is not None:
+            self._toward_every = calibration.toward_every(cluster.num_devices)
 
     def _link(self, axes: tuple[int, ...]) -> tuple[object, str, int]:
         """The link a collective over `axes` uses, its kind (intra_node or inter_node), and
@@ -180,7 +183,7 @@ class CostModel:
             return self._share * every
         alone = self._compute(self._alone, flops, nbytes, dtype, kind, kernel_bytes,
                               transcendentals)
-        return calibration.between(alone, every, self.cluster.num_devices)
+        return between(alone, every, self._toward_every)
 
     def _compute(self, calibration, flops: float, nbytes: float, dtype: str, kind: str,
                  kernel_bytes: float | None, transcendentals: float) -> float:

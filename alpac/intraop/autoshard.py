@@ -60,12 +60,14 @@ class ShardingResult:
     def communication_seconds(self) -> float:
         return sum(v["seconds"] for v in self.collective_summary().values())
 
-    def combining_saves(self) -> float:
-        """Seconds the ILP's objective counts beyond the all-reduces XLA runs combined."""
+    def seconds_as_run(self) -> float:
+        """The ILP's objective with the all-reduces as XLA runs them: it prices each apart,
+        XLA's combiner merges independent ones (`combined_all_reduces`)."""
         model = self.graph.model
         apart = sum(mult * c.seconds(model) for _, c, mult in self.collectives
                     if c.kind == "all-reduce")
-        return apart - sum(self._combined_seconds(group) for group in self._combined)
+        combined = sum(self._combined_seconds(group) for group in self._combined)
+        return self.solution.objective - (apart - combined)
 
     @functools.cached_property
     def _combined(self) -> list[list[int]]:

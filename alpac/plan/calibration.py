@@ -110,23 +110,24 @@ class Calibration:
     def host_seconds(self, arrays: int, busy: int) -> float:
         """Launching a module execution that returns `arrays` arrays with `busy` devices
         working at once: measured with every device working and with one alone, in between
-        as the compute share goes (`between`; without the one-alone figures, the compute share
+        as the compute share goes (`toward_every`; without the one-alone figures, the compute share
         of the every-device ones). The host's work does not speed up as devices' compute does:
         on this machine a one-device GPT step's 206 arrays took 1.5 ms alone, 3.1 ms with all
         8 devices working, and the compute share (6.3x) would have priced them at 0.49 ms."""
         every = self.launch_s + self.array_s * arrays
         if not self.launch_alone_s:
             return every * self.compute_share(busy)
-        return self.between(self.launch_alone_s + self.array_alone_s * arrays, every, busy)
+        return between(self.launch_alone_s + self.array_alone_s * arrays, every,
+                       self.toward_every(busy))
 
-    def between(self, alone: float, every: float, busy: int) -> float:
-        """A figure measured with one device alone and with every device working, for `busy`
-        devices working at once: from one to the other as the compute share goes."""
+    def toward_every(self, busy: int) -> float:
+        """Where `busy` devices working at once lie between one alone (0) and every device
+        working (1), as the compute share goes (`between`)."""
         share = self.compute_share(busy)
         if share >= 1.0:
-            return every
+            return 1.0
         least = self.compute_share(1)
-        return alone + (every - alone) * (share - least) / (1.0 - least)
+        return (share - least) / (1.0 - least)
 
     def alone_tables(self) -> Calibration | None:
         """These tables as one device working alone gets them (None where not measured): its
@@ -181,6 +182,12 @@ class Calibration:
             out["alone"] = {name: table.to_rows() for name, table in self.alone.items()}
         out.update({name: getattr(self, name) for name in HOST_COUNTS if getattr(self, name)})
         return out
+
+
+def between(alone: float, every: float, toward_every: float) -> float:
+    """A figure measured with one device alone and with every device working, for devices
+    `toward_every` of the way from the one to the other (`Calibration.toward_every`)."""
+    return every if toward_every >= 1.0 else alone + (every - alone) * toward_every
 
 
 def read_calibration(d, fail) -> Calibration:

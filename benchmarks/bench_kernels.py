@@ -18,17 +18,14 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
 
+from bench_fidelity import MODELS, compile_plan, strategies  # noqa: E402
 from common import ROOT, write_results  # noqa: E402
-
-BIN = Path(sys.executable).parent
 
 KERNELS = 16
 
@@ -100,12 +97,10 @@ def one_device(cluster: Path, models: list[str]) -> list[dict]:
     rows = []
     for model in models:
         with tempfile.TemporaryDirectory() as tmp:
-            subprocess.run([str(BIN / "alpac"), "compile", str(ROOT / "testdata" / "models" /
-                                                               f"{model}.hlo"),
-                            "--cluster", str(cluster), "-o", tmp, "--mesh", "1"],
-                           check=True, capture_output=True)
-            stage = json.loads((Path(tmp) / "plan.json").read_text())["stages"][0]
-            exe = compile_hlo((Path(tmp) / stage["module"]).read_text(), [device])
+            plan = Path(tmp) / "plan"
+            compile_plan(model, strategies(1, 1)["one device"], cluster, plan)
+            stage = json.loads((plan / "plan.json").read_text())["stages"][0]
+            exe = compile_hlo((plan / stage["module"]).read_text(), [device])
         host = [np.full(s, 0.01, d) if np.dtype(d).kind == "f" else np.zeros(s, d)
                 for s, d in exe.parameter_types]
         times = []
@@ -129,7 +124,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cluster", type=Path, default=ROOT / "testdata" / "clusters" /
                         "local-cpu-calibrated-np2.yaml")
-    parser.add_argument("--models", default="mlp_train,gpt_train,bert_train")
+    parser.add_argument("--models", default=MODELS)
     args = parser.parse_args()
     kernels = per_kernel()
     write_results("kernels", "One elementwise kernel in a module: results in new memory or "

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from alpac.plan.calibration import POLL_FIRST_S, POLL_GROWTH, POLL_LONGEST_S
 from alpac.runtime.status import STATUS_ENV, write_json
 
 EXIT_CHECK = 1
@@ -62,12 +63,12 @@ class Comm:
         if request.Test():
             return
         deadline = time.monotonic() + self.timeout
-        pause = 2e-5
+        pause = POLL_FIRST_S
         while not request.Test():
             if time.monotonic() > deadline:
                 raise RankTimeout(f"timed out after {self.timeout:g} s waiting for {what}")
             time.sleep(pause)
-            pause = min(pause * 1.5, 1e-3)
+            pause = min(pause * POLL_GROWTH, POLL_LONGEST_S)
 
     def barrier(self, what: str = "the other ranks") -> None:
         if self.size > 1:
@@ -108,7 +109,7 @@ class Comm:
     def flush(self, what: str = "sends to complete") -> None:
         """Wait for every started send (their receivers must have posted receives)."""
         deadline = time.monotonic() + self.timeout
-        pause = 2e-5
+        pause = POLL_FIRST_S
         while True:
             self.progress()
             if not self._pending:
@@ -116,7 +117,7 @@ class Comm:
             if time.monotonic() > deadline:
                 raise RankTimeout(f"timed out after {self.timeout:g} s waiting for {what}")
             time.sleep(pause)
-            pause = min(pause * 1.5, 1e-3)
+            pause = min(pause * POLL_GROWTH, POLL_LONGEST_S)
 
     # ---- python objects ------------------------------------------------------------------
     def send_obj(self, obj, dest: int, tag: int) -> None:
@@ -126,13 +127,13 @@ class Comm:
     def recv_obj(self, source: int, tag: int, what: str):
         status = self.MPI.Status()
         deadline = time.monotonic() + self.timeout
-        pause = 2e-5
+        pause = POLL_FIRST_S
         while not self.comm.Iprobe(source=source, tag=tag, status=status):
             if time.monotonic() > deadline:
                 raise RankTimeout(f"timed out after {self.timeout:g} s waiting for {what} "
                                   f"from rank {source}")
             time.sleep(pause)
-            pause = min(pause * 1.5, 1e-3)
+            pause = min(pause * POLL_GROWTH, POLL_LONGEST_S)
         buf = np.empty(status.Get_count(self.MPI.BYTE), np.uint8)
         self.comm.Recv(buf, source=source, tag=tag)
         return pickle.loads(buf.tobytes())

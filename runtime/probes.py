@@ -28,6 +28,7 @@ import time
 
 import numpy as np
 
+from alpac.plan.calibration import POLL_FIRST_S
 from alpac.runtime.calibration_grid import Point
 
 REPS = 5
@@ -39,6 +40,7 @@ TARGET = 4e-3  # seconds: shorter work is repeated inside one execution
 # CPU: a small all-reduce takes 0.35 ms back to back, 4 ms now and then, more often with gaps
 # between them): longer and more timings, so that the median is the back-to-back cost.
 ACROSS_REPS, ACROSS_TARGET = 9, 50e-3
+IDLE = 1e-3  # seconds a rank sleeps before each launch of `launch_cpu`
 IN_A_MODULE = 8  # collectives per execution under multi-process jax, to 1 MiB
 MAX_REPEAT = 512
 TAG_REPEAT = (1 << 28) + 16
@@ -99,6 +101,7 @@ class Rank:
         # `alone`'s launch on rank 0, once measured (0 on the other ranks, which kept step)
         self.launch_alone_s: float | None = None
         self._work_on: dict[tuple, float] = {}  # (mesh, count) -> its dots (_in_modules)
+        self._arrays: dict[str, float] = {}  # `_array_s`: array_s, array_alone_s
 
     def _timed(self, run, ops: int = 1) -> float:
         """`per_op` of work every rank does at once, on all of its devices: the ranks start
@@ -112,9 +115,13 @@ class Rank:
         if kind == "launch_s":
             return self.launch()
         if kind == "array_s":
-            return self.arrays()
-        if kind in ("launch_alone_s", "array_alone_s"):
+            return self._array_s(alone=False)
+        if kind in ("launch_alone_s", "array_alone_s", "launch_cpu_alone_s"):
             return self.alone(kind)
+        if kind == "launch_cpu_s":
+            return self.launch_cpu()
+        if kind in ("pause_cpu_s", "pause_s"):
+            return self.pause(kind)
         if kind in ("feed_s", "free_s"):
             return self.while_others_busy(self.feed if kind == "feed_s" else self.free)
         if kind in ("flop_s", "transcendental_s"):
@@ -158,14 +165,20 @@ class Rank:
         return self.jax.jit(lambda: tuple(jnp.full(shape, v, dtype) for v in values),
                             out_shardings=(NamedSharding(mesh, spec),) * len(values))()
 
-    def launch(self, devices=None) -> float:
-        """A tiny module on the rank's devices (or `devices`), run the way alpa-run runs a
-        module (the XLA bridge), executed and waited for."""
-        from alpac.xla.bridge import compile_hlo, execute_unchecked, jax_parameter_shardings
+    def _tiny(self, devices=None):
+        """A tiny module on the rank's devices (or `devices`), compiled the way alpa-run
+        compiles a module (the XLA bridge), and its argument."""
+        from alpac.xla.bridge import compile_hlo, jax_parameter_shardings
         exe = compile_hlo("HloModule tiny\nENTRY e {\n  p = f32[1] parameter(0)\n"
                           "  c = f32[1] constant({1})\n  ROOT a = f32[1] add(p, c)\n}\n",
                           self.local if devices is None else devices)
-        x = self.jax.device_put(np.zeros(1, np.float32), jax_parameter_shardings(exe)[0])
+        return exe, self.jax.device_put(np.zeros(1, np.float32),
+                                        jax_parameter_shardings(exe)[0])
+
+    def launch(self, devices=None) -> float:
+        """The tiny module (`_tiny`) executed and waited for, again and again."""
+        from alpac.xla.bridge import execute_unchecked
+        exe, x = self._tiny(devices)
 
         def run(r):
             for _ in range(r):
@@ -175,20 +188,55 @@ class Rank:
             self.launch_s = seconds
         return seconds
 
+    def launch_cpu(self, devices=None) -> float:
+        """CPU seconds, all of the process's threads, of the tiny module launched and waited
+        for after the rank slept `IDLE` seconds (as a pipeline's rank launches each module
+        after waiting for a message), the sleep's own CPU time taken off. Back to back a
+        launch on 2 CPU devices took 53 µs of CPU here, after a sleep 150-240 µs: the
+        devices' threads wake and spin again each time."""
+        from alpac.xla.bridge import execute_unchecked
+        exe, x = self._tiny(devices)
+
+        def run(r):
+            start = time.process_time()
+            for _ in range(r):
+                time.sleep(IDLE)
+                execute_unchecked(exe, [x])[0].block_until_ready()
+            launched = time.process_time()
+            for _ in range(r):
+                time.sleep(IDLE)
+            return max(2 * launched - start - time.process_time(), 1e-7)
+        return self._timed(run)
+
+    def pause(self, kind: str) -> float:
+        """One sleep of alpa-run's polling (POLL_FIRST_S asked): its CPU seconds
+        (`pause_cpu_s`) or how long it lasts (`pause_s`); here 15-25 µs of CPU and ~90 µs."""
+        def run(r):
+            start = time.process_time()
+            for _ in range(r):
+                time.sleep(POLL_FIRST_S)
+            return max(time.process_time() - start, 1e-7) if kind == "pause_cpu_s" else None
+        return self._timed(run)
+
     def alone(self, kind: str) -> float | None:
-        """`launch` or `arrays` on rank 0's first device, every other device idle (a plan on
-        one device; the host's share of a plan on a few, `Calibration.host_seconds`). None on
-        the other ranks, which keep step."""
-        timings = 1 if kind == "launch_alone_s" else 2  # `_timed` calls of each
+        """`launch`, `arrays` or `launch_cpu` on rank 0's first device, every other device
+        idle (a plan on one device; the host's share of a plan on a few,
+        `Calibration.host_seconds`). None on the other ranks, which keep step."""
+        timings = 2 if kind == "array_alone_s" else 1  # `_timed` calls of each
         if self.comm.rank:
             for _ in range(timings):
                 self._timed(lambda r: None)
             if kind == "launch_alone_s":
                 self.launch_alone_s = 0.0
+            elif kind == "array_alone_s":
+                self._arrays[kind] = 0.0
             return None
         one = self.local[:1]
         if kind == "array_alone_s":
-            return self.arrays(devices=one)
+            self._arrays[kind] = self.arrays(devices=one)
+            return self._arrays[kind]
+        if kind == "launch_cpu_alone_s":
+            return self.launch_cpu(one)
         self.launch_alone_s = self.launch(one)
         return self.launch_alone_s
 
@@ -199,6 +247,8 @@ class Rank:
         ranks, which keep step."""
         if self.launch_alone_s is None:  # `memory` takes a module's launch off
             self.alone("launch_alone_s")
+        if "array_alone_s" not in self._arrays:  # and its returned arrays
+            self.alone("array_alone_s")
         if self.comm.rank:
             self._timed(lambda r: None)
             return None
@@ -332,7 +382,8 @@ class Rank:
         the other, each reading an array of its own and writing a new one (an optimizer's
         update is hundreds of these; a new result's memory is first touched, which a loop
         over one array in place never pays: 2-4x slower on CPU). A module of K such kernels
-        is timed as alpa-run runs one (waited for); less the launch of a module, over K, is
+        is timed as alpa-run runs one (waited for); less the launch of a module and its K
+        returned arrays (a plan's module is priced with them: `launch_seconds`), over K, is
         one kernel. `alone`: on the rank's first device only (`compute_alone`)."""
         from jax.sharding import PartitionSpec as P
         jnp = self.jax.numpy
@@ -354,7 +405,15 @@ class Rank:
             launch = self.launch_alone_s
         else:
             launch = self.launch() if self.launch_s is None else self.launch_s
-        return max(module - launch, module / 2) / kernels  # noise never leaves nothing
+        host = launch + kernels * self._array_s(alone)
+        return max(module - host, module / 2) / kernels  # noise never leaves nothing
+
+    def _array_s(self, alone: bool) -> float:
+        """`arrays`' figure for the rank's devices (or its first alone), measured once."""
+        key = "array_alone_s" if alone else "array_s"
+        if key not in self._arrays:
+            self._arrays[key] = self.arrays(devices=self.local[:1] if alone else None)
+        return self._arrays[key]
 
     def _spmd_kernels(self, op, count: int, devices):
         """`op` on each of `count` arrays (split over `devices`), one result each."""

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from test_cli import assert_one_line_error, run
 
-from alpac.plan.calibration import SCALARS
+from alpac.plan.calibration import POLL_FIRST_S, SCALARS
 from alpac.plan.cluster import load_cluster
 
 KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
@@ -62,6 +62,10 @@ def test_quick_calibration_loads_and_is_complete(calibrated):
     # feeding an input from the host copies it (more than handing a result back); deleting
     # an array costs the host less than that
     assert 0 < cal["free_s"] < cal["feed_s"] < cal["launch_s"] * 10
+    # a launch after the rank sat idle takes more CPU than one back to back (the devices'
+    # threads wake); a polling sleep lasts longer than asked, and takes less CPU than that
+    assert cal["launch_cpu_alone_s"] > cal["launch_alone_s"] and cal["launch_cpu_s"] > 0
+    assert 0 < cal["pause_cpu_s"] < cal["pause_s"] and cal["pause_s"] > POLL_FIRST_S
     found = tables(cal)
     expected = {"dot.f32", "dot.bf16", "elementwise", "reduce", "send.intra_node",
                 "send.inter_node", "concurrency", "alone.dot", "alone.elementwise",

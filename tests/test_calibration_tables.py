@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from alpac.analysis.costmodel import CostModel, host_cores_seconds, launch_seconds
+from alpac.analysis.costmodel import (CostModel, host_cores_seconds, launch_cpu_seconds,
+                                      launch_seconds, waiting_cpu_seconds)
 from alpac.errors import UserError
-from alpac.plan.calibration import Table
+from alpac.plan.calibration import Table, polls
 from alpac.plan.cluster import load_cluster
 from alpac.plan.mesh import LogicalMesh
 from alpac.plan.schedule import step_seconds
@@ -500,3 +501,46 @@ def test_the_host_s_cores_bound_a_step_whose_ranks_share_them(tmp_path):
     unbound = _two_stage_plan(tmp_path, "unbound", SHARED.replace("LAUNCH", "1.0e-4") + counts)
     assert unbound["estimate"]["iteration_time_s"] > unbound["estimate"]["host_cores_s"] > 0
 
+
+
+def test_a_rank_that_waits_pays_the_cpu_of_waking_its_launches_and_its_polling(tmp_path):
+    """A pipeline's rank launches each module after waiting for a message: the calibration's
+    `launch_cpu_s` (CPU of a launch after an idle pause; one device alone:
+    `launch_cpu_alone_s`) beyond the launch's figure, per module execution; and its wait
+    sleeps between polls, each `pause_cpu_s` of CPU and `pause_s` long. Both count toward
+    the host's cores (plan.json `idle_cpu_s` per stage), not the stages' times."""
+    # the polling's sleeps: 20 µs, then 1.5x longer each, to 1 ms; each `late` longer
+    assert polls(0.0, 7e-5) == 0 and polls(1e-3, 0.0) == 9 and polls(1e-3, 7e-5) == 7
+    assert polls(0.1, 0.0) - polls(0.05, 0.0) == 50  # past the longest: one per ms
+    figures = ("  launch_cpu_s: 4.0e-4\n  launch_cpu_alone_s: 5.0e-5\n"
+               "  pause_cpu_s: 2.0e-5\n  pause_s: 9.0e-5\n")
+    counts = "  ranks_per_host: 2\n  host_cores: 1\n"
+    text = (SHARED + counts + figures).replace("LAUNCH", "1.0e-4")
+    c = load_cluster(cluster(tmp_path, text=text))
+    assert launch_cpu_seconds(c) == pytest.approx(3e-4)
+    assert launch_cpu_seconds(c.cut(1)) == pytest.approx(5e-5 - launch_seconds(c.cut(1)))
+    assert waiting_cpu_seconds(c, 1e-3) == pytest.approx(2e-5 * polls(1e-3, 7e-5))
+
+    plan = _two_stage_plan(tmp_path, "idle", text)
+    program, B = plan["program"], plan["num_micro_batches"]
+    times = [s["estimate"]["time_per_microbatch_s"] for s in plan["stages"]]
+    applies = [s["estimate"]["apply_s"] for s in plan["stages"]]
+    step = step_seconds(sum(times), max(times), max(applies), B)
+    loads = []
+    for s, stage in enumerate(plan["stages"]):
+        launches = sum(B if m["role"] in ("forward", "backward") else 1
+                       for m in program["modules"] if m["stage"] == s)
+        launches += any(program["values"][v]["mesh"] == s for v in program["accumulators"])
+        waits = sum(B if scope == "microbatch" else 1 for src, dst, scope in
+                    {(t["src_mesh"], t["dst_mesh"], t["scope"]) for t in program["transfers"]}
+                    if dst == s)
+        assert launches > 2 * B and waits >= B
+        wait = (step - B * times[s] - applies[s]) / waits
+        want = launches * 3e-4 + waits * waiting_cpu_seconds(c, wait)
+        assert stage["estimate"]["idle_cpu_s"] == pytest.approx(want)
+        work = sum(B * v["per_microbatch"] + v["per_step"]
+                   for v in stage["estimate"].values() if isinstance(v, dict))
+        loads.append((stage["mesh"]["devices"], work + want, stage["estimate"]["compute_s"]))
+    assert plan["estimate"]["host_cores_s"] == pytest.approx(host_cores_seconds(c, loads))
+    without = _two_stage_plan(tmp_path, "busy", text.replace(figures, ""))
+    assert without["estimate"]["host_cores_s"] < plan["estimate"]["host_cores_s"]

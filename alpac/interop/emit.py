@@ -8,7 +8,8 @@ import json
 from dataclasses import dataclass
 
 from alpac.analysis.costmodel import (CostModel, feed_seconds, free_seconds,
-                                      host_cores_seconds, launch_seconds, staging_seconds)
+                                      host_cores_seconds, launch_cpu_seconds, launch_seconds,
+                                      staging_seconds, waiting_cpu_seconds)
 from alpac.hlo import Module, print_module
 from alpac.interop.pipeline import assemble, role_modules
 from alpac.interop.pricing import pipelined_peak, role_seconds
@@ -176,7 +177,7 @@ def _free_seconds(program: Program, cluster) -> dict[int, tuple[float, float]]:
 def _host_cores(entries: list[dict], cluster, B: int) -> float:
     """`host_cores_seconds` of the stages, from their entries' estimates: the host work
     each of a stage's ranks does per step (its figures per microbatch, B times, and per
-    step) and the compute each of its devices does."""
+    step; and `idle_cpu_s`, where pipelined) and the compute each of its devices does."""
     if cluster is None:
         return 0.0
     loads = []
@@ -184,8 +185,32 @@ def _host_cores(entries: list[dict], cluster, B: int) -> float:
         e = entry["estimate"]
         work = sum(B * e[key]["per_microbatch"] + e[key]["per_step"] for key in HOST_WORK
                    if key in e)
-        loads.append((entry["mesh"]["devices"], work, e["compute_s"]))
+        loads.append((entry["mesh"]["devices"], work + e.get("idle_cpu_s", 0.0),
+                      e["compute_s"]))
     return host_cores_seconds(cluster, loads)
+
+
+def _idle_cpu(program: Program, cluster, B: int, step: float, busy: list[float]
+              ) -> list[float]:
+    """Per stage, the CPU time per step its ranks spend beyond their host work's figures,
+    for having waited between tasks (a pipeline's, `step` seconds long, in which the stage
+    is `busy` for its time): each module execution launched after a wait
+    (`launch_cpu_seconds`), and the polling of each wait for the messages of one task of
+    another mesh (`waiting_cpu_seconds`), the stage's idle time shared among its waits."""
+    if cluster is None:
+        return [0.0] * len(busy)
+    per = {"microbatch": B, "step": 1}
+    launches = [0] * len(busy)
+    for m in program.modules:
+        launches[m.stage] += B if m.role in (Role.FORWARD, Role.BACKWARD) else 1
+    for mesh in {program.values[name].mesh for name in program.accumulators}:
+        launches[mesh] += 1  # the module zeroing its gradient accumulators, once per step
+    waits = [0] * len(busy)
+    for _, dst, scope in {(t.src_mesh, t.dst_mesh, t.scope) for t in program.transfers}:
+        waits[dst] += per[scope]
+    return [n * launch_cpu_seconds(cluster) +
+            (w * waiting_cpu_seconds(cluster, max(step - b, 0.0) / w) if w else 0.0)
+            for n, w, b in zip(launches, waits, busy)]
 
 
 def _by_mesh(items) -> dict[int, tuple[float, float]]:
@@ -290,6 +315,11 @@ def _pipelined(source: Module, sharded: ShardedStages, entries: list[dict],
         times.append(figures.t)
         applies.append(figures.apply)
         peaks.append(peak)
+    idle = _idle_cpu(program, cluster, B,
+                     step_seconds(sum(times), max(times), max(applies), B),
+                     [B * t + a for t, a in zip(times, applies)])
+    for entry, cpu in zip(entries, idle):
+        entry["estimate"]["idle_cpu_s"] = cpu
     cores = _host_cores(entries, cluster, B)
     return {"program": program.to_dict(), "estimate": {
         "iteration_time_s": step_seconds(sum(times), max(times), max(applies), B, cores),

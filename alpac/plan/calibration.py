@@ -23,7 +23,11 @@ COLLECTIVE_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all",
 LINK_KINDS = ("intra_node", "inter_node")
 # one figure each (the field comments)
 SCALARS = ("launch_s", "flop_s", "transcendental_s", "array_s", "launch_alone_s",
-           "array_alone_s", "feed_s", "free_s")
+           "array_alone_s", "feed_s", "free_s", "launch_cpu_s", "launch_cpu_alone_s",
+           "pause_cpu_s", "pause_s")
+# How alpa-run's ranks wait for a message (alpac.runtime.comm): polled, sleeping between two
+# polls, the first sleep this long, each next one longer by this factor up to the longest.
+POLL_FIRST_S, POLL_GROWTH, POLL_LONGEST_S = 2e-5, 1.5, 1e-3
 
 
 HOST_COUNTS = ("ranks_per_host", "host_cores")
@@ -74,6 +78,14 @@ class Calibration:
     array_alone_s: float = 0.0
     feed_s: float = 0.0  # an input copied from the host onto a rank's devices
     free_s: float = 0.0  # an array of a rank's devices deleted
+    # CPU time, all of a rank's threads, of launching a module execution after the rank sat
+    # idle (as a pipeline's ranks launch each module after a wait), on its devices and on one
+    # device alone; a shared CPU pays it, and only there does it price anything
+    # (`host_cores_seconds`)
+    launch_cpu_s: float = 0.0
+    launch_cpu_alone_s: float = 0.0
+    pause_cpu_s: float = 0.0  # CPU time of one of the polling's sleeps (POLL_FIRST_S long)
+    pause_s: float = 0.0  # how long that sleep lasts
     dot: dict[str, Table] = field(default_factory=dict)  # element type -> FLOPs table
     elementwise: Table | None = None  # bytes read + written by a fused elementwise chain
     reduce: Table | None = None  # bytes read
@@ -182,6 +194,16 @@ class Calibration:
             out["alone"] = {name: table.to_rows() for name, table in self.alone.items()}
         out.update({name: getattr(self, name) for name in HOST_COUNTS if getattr(self, name)})
         return out
+
+
+def polls(wait: float, late: float) -> int:
+    """How many sleeps a rank's wait of `wait` seconds takes (alpa-run's polling: POLL_FIRST_S,
+    growing), each sleep lasting `late` seconds more than asked (a shared CPU's wake-up)."""
+    count, slept, pause = 0, 0.0, POLL_FIRST_S
+    while slept < wait:
+        count, slept = count + 1, slept + pause + late
+        pause = min(pause * POLL_GROWTH, POLL_LONGEST_S)
+    return count
 
 
 def between(alone: float, every: float, toward_every: float) -> float:

@@ -74,13 +74,6 @@ def per_op(run, agree, ops: int = 1, sync=None) -> float:
     return statistics.median(clock(repeat) for _ in range(reps)) / (repeat * ops)
 
 
-def _calls(f, args, repeat: int) -> None:
-    """`f(*args)` `repeat` times, each waited for (as alpa-run runs a module)."""
-    for _ in range(repeat):
-        for o in f(*args):
-            o.block_until_ready()
-
-
 def _unrolled(step, x, times: int = UNROLL):
     """`step` applied `times` times, an optimization barrier between two (XLA fuses nothing
     across one, so each application is a kernel of its own as in the timed program)."""
@@ -378,29 +371,25 @@ class Rank:
 
     def memory(self, kind: str, nbytes: int, alone: bool = False) -> float:
         """A fused chain of four elementwise ops over an f32 array (`nbytes` read + written),
-        or a row reduction of one (`nbytes` read), as a module runs them: kernels one after
-        the other, each reading an array of its own and writing a new one (an optimizer's
-        update is hundreds of these; a new result's memory is first touched, which a loop
-        over one array in place never pays: 2-4x slower on CPU). A module of K such kernels
-        is timed as alpa-run runs one (waited for); less the launch of a module and its K
-        returned arrays (a plan's module is priced with them: `launch_seconds`), over K, is
-        one kernel. `alone`: on the rank's first device only (`compute_alone`)."""
-        from jax.sharding import PartitionSpec as P
-        jnp = self.jax.numpy
+        or a row reduction of one (`nbytes` read), as alpa-run runs a module of them (the XLA
+        bridge, waited for): kernels one after the other, each reading an array of its own
+        and writing a new one (an optimizer's update is hundreds of these; a new result's
+        memory is first touched, which a loop over one array in place never pays: 2-4x
+        slower on CPU). A module of K such kernels less its launch and its K returned arrays
+        (a plan's module is priced with them: `launch_seconds`), over K, is one kernel.
+        `alone`: on the rank's first device only (`compute_alone`)."""
+        from alpac.xla.bridge import execute_unchecked
         n = nbytes // (8 if kind == "elementwise" else 4)
-        cols = min(n, 1024)
-        if kind == "elementwise":
-            def op(x):
-                return jnp.maximum(x * 0.5 + 0.25, -1.0) * 1.5
-        else:
-            def op(x):
-                return jnp.sum(x, axis=1)
         kernels = max(1, min(STRAIGHT_KERNELS, STRAIGHT_BYTES // nbytes))
         devices = self.local[:1] if alone else self.local
-        mesh, f = self._spmd_kernels(op, kernels, devices)
-        xs = self._fill(mesh, P("d"), (len(devices) * (n // cols), cols), np.float32,
-                        *range(1, kernels + 1))
-        module = self._timed(lambda r: _calls(f, xs, r))
+        exe, held = self._kernels_module(kind, kernels, devices,
+                                         (n // min(n, 1024), min(n, 1024)))
+
+        def run(r):
+            for _ in range(r):
+                for a in execute_unchecked(exe, held):
+                    a.block_until_ready()
+        module = self._timed(run)
         if alone:
             launch = self.launch_alone_s
         else:
@@ -415,15 +404,40 @@ class Rank:
             self._arrays[key] = self.arrays(devices=self.local[:1] if alone else None)
         return self._arrays[key]
 
-    def _spmd_kernels(self, op, count: int, devices):
-        """`op` on each of `count` arrays (split over `devices`), one result each."""
-        from jax.sharding import Mesh
-        from jax.sharding import PartitionSpec as P
-        mesh = Mesh(np.array(devices), ("d",))
-        body = self.jax.shard_map(lambda *xs: tuple(op(x) for x in xs), mesh=mesh,
-                                  in_specs=(P("d"),) * count, out_specs=(P("d"),) * count,
-                                  check_vma=False)
-        return mesh, self.jax.jit(body)
+    def _kernels_module(self, kind: str, count: int, devices, shape: tuple[int, int]):
+        """The module of `memory`, compiled by the XLA bridge, and its arguments: on each of
+        `count` f32 arrays of `shape` per device (split over `devices` on axis 0) one
+        kernel, returning its result."""
+        from alpac.xla.bridge import compile_hlo, jax_parameter_shardings
+        d, (rows, cols) = len(devices), shape
+        array = f"f32[{d * rows},{cols}]"
+        split = f"sharding={{devices=[{d},1]<=[{d}]}}"
+        if kind == "elementwise":
+            result, out_split, header = array, split, "HloModule kernels\n"
+            scalars = "".join(f"  {c} = f32[] constant({v})\n  {c}s = {array} broadcast({c}), "
+                              f"dimensions={{}}\n" for c, v in
+                              (("half", 0.5), ("quarter", 0.25), ("low", -1), ("rise", 1.5)))
+            body = "".join(f"  m{i} = {array} multiply(p{i}, halfs)\n"
+                           f"  a{i} = {array} add(m{i}, quarters)\n"
+                           f"  x{i} = {array} maximum(a{i}, lows)\n"
+                           f"  r{i} = {array} multiply(x{i}, rises), {split}\n"
+                           for i in range(count))
+        else:
+            result, out_split = f"f32[{d * rows}]", f"sharding={{devices=[{d}]<=[{d}]}}"
+            scalars = "  zero = f32[] constant(0)\n"
+            body = "".join(f"  r{i} = {result} reduce(p{i}, zero), dimensions={{1}}, "
+                           f"to_apply=sum, {out_split}\n" for i in range(count))
+            header = ("HloModule kernels\nsum {\n  x = f32[] parameter(0)\n"
+                      "  y = f32[] parameter(1)\n  ROOT s = f32[] add(x, y)\n}\n")
+        params = "".join(f"  p{i} = {array} parameter({i}), {split}\n" for i in range(count))
+        tuple_split = "{" + ", ".join([out_split.split("=", 1)[1]] * count) + "}"
+        root = f"  ROOT t = ({', '.join([result] * count)}) tuple(" \
+            f"{', '.join(f'r{i}' for i in range(count))}), sharding={tuple_split}\n"
+        if count == 1:
+            body, root = body.replace("  r0 =", "  ROOT r0 ="), ""
+        exe = compile_hlo(f"{header}ENTRY e {{\n{params}{scalars}{body}{root}}}\n", devices)
+        return exe, [self.jax.device_put(np.full((d * rows, cols), i + 1, np.float32), s)
+                     for i, s in enumerate(jax_parameter_shardings(exe))]
 
     def arithmetic(self, kind: str) -> float:
         """Seconds per element and op of a long elementwise chain over an array that stays in

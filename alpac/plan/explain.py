@@ -161,9 +161,7 @@ def render_stage(stage: dict, plan_dir: Path, console: Console, pattern: str | N
         for col in ("kind", "count", "bytes", "seconds"):
             table.add_column(col, justify="left" if col == "kind" else "right")
         for kind, c in stage["collectives"].items():
-            runs = c.get("combined", c["count"])  # as XLA combines all-reduces
-            count = str(c["count"]) + (f" → {runs}" if runs != c["count"] else "")
-            table.add_row(kind, count, f"{si(c['bytes'])}B", duration(c["seconds"]))
+            table.add_row(kind, str(c["count"]), f"{si(c['bytes'])}B", duration(c["seconds"]))
         console.print(table)
     if update is not None:
         _weight_update(update, console)

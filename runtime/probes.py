@@ -30,6 +30,7 @@ import numpy as np
 
 from alpac.plan.calibration import POLL_FIRST_S
 from alpac.runtime.calibration_grid import Point
+from alpac.runtime.probe_programs import collective_step, kernels_hlo
 
 REPS = 5
 UNROLL = 8  # the dot and arithmetic work done per loop iteration
@@ -405,37 +406,11 @@ class Rank:
         return self._arrays[key]
 
     def _kernels_module(self, kind: str, count: int, devices, shape: tuple[int, int]):
-        """The module of `memory`, compiled by the XLA bridge, and its arguments: on each of
-        `count` f32 arrays of `shape` per device (split over `devices` on axis 0) one
-        kernel, returning its result."""
+        """The module of `memory` (`kernels_hlo`), compiled by the XLA bridge, and its
+        arguments: `count` f32 arrays of `shape` per device, split over `devices`."""
         from alpac.xla.bridge import compile_hlo, jax_parameter_shardings
         d, (rows, cols) = len(devices), shape
-        array = f"f32[{d * rows},{cols}]"
-        split = f"sharding={{devices=[{d},1]<=[{d}]}}"
-        if kind == "elementwise":
-            result, out_split, header = array, split, "HloModule kernels\n"
-            scalars = "".join(f"  {c} = f32[] constant({v})\n  {c}s = {array} broadcast({c}), "
-                              f"dimensions={{}}\n" for c, v in
-                              (("half", 0.5), ("quarter", 0.25), ("low", -1), ("rise", 1.5)))
-            body = "".join(f"  m{i} = {array} multiply(p{i}, halfs)\n"
-                           f"  a{i} = {array} add(m{i}, quarters)\n"
-                           f"  x{i} = {array} maximum(a{i}, lows)\n"
-                           f"  r{i} = {array} multiply(x{i}, rises), {split}\n"
-                           for i in range(count))
-        else:
-            result, out_split = f"f32[{d * rows}]", f"sharding={{devices=[{d}]<=[{d}]}}"
-            scalars = "  zero = f32[] constant(0)\n"
-            body = "".join(f"  r{i} = {result} reduce(p{i}, zero), dimensions={{1}}, "
-                           f"to_apply=sum, {out_split}\n" for i in range(count))
-            header = ("HloModule kernels\nsum {\n  x = f32[] parameter(0)\n"
-                      "  y = f32[] parameter(1)\n  ROOT s = f32[] add(x, y)\n}\n")
-        params = "".join(f"  p{i} = {array} parameter({i}), {split}\n" for i in range(count))
-        tuple_split = "{" + ", ".join([out_split.split("=", 1)[1]] * count) + "}"
-        root = f"  ROOT t = ({', '.join([result] * count)}) tuple(" \
-            f"{', '.join(f'r{i}' for i in range(count))}), sharding={tuple_split}\n"
-        if count == 1:
-            body, root = body.replace("  r0 =", "  ROOT r0 ="), ""
-        exe = compile_hlo(f"{header}ENTRY e {{\n{params}{scalars}{body}{root}}}\n", devices)
+        exe = compile_hlo(kernels_hlo(kind, count, d, rows, cols), devices)
         return exe, [self.jax.device_put(np.full((d * rows, cols), i + 1, np.float32), s)
                      for i, s in enumerate(jax_parameter_shardings(exe))]
 
@@ -477,7 +452,7 @@ class Rank:
         else:
             rows = self.k // g
             mesh = Mesh(np.array(self.local[:rows * g]).reshape(rows, g), ("o", "i"))
-        step = _collective_step(kind, g)
+        step = collective_step(kind, g)
         local = nbytes // 4 // (g if kind == "all-gather" else 1)
         shape = (mesh.size * local,)
         x = self.jax.make_array_from_callback(
@@ -617,19 +592,3 @@ class Rank:
                 return repeat
             return self.comm.recv_obj(0, TAG_REPEAT, "the repeat count")
         return agree
-
-
-def _collective_step(kind: str, g: int):
-    """One collective over mesh axis "i" of size g, shaped so that it can repeat: its result
-    has its operand's shape (a slice or tile where the collective changes it)."""
-    from jax import lax
-    if kind == "all-reduce":
-        return lambda y: lax.psum(y, "i") * (1.0 / g)
-    if kind == "all-gather":
-        return lambda y: lax.all_gather(y, "i", tiled=True)[: y.shape[0]]
-    if kind == "reduce-scatter":
-        import jax.numpy as jnp
-        return lambda y: jnp.tile(lax.psum_scatter(y, "i", tiled=True), g)
-    if kind == "all-to-all":
-        return lambda y: lax.all_to_all(y.reshape(g, -1), "i", 0, 0, tiled=True).reshape(-1)
-    return lambda y: lax.ppermute(y, "i", [(j, (j + 1) % g) for j in range(g)])

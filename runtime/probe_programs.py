@@ -1,0 +1,52 @@
+"""Programs `alpac.runtime.probes` times: the HLO text of modules it runs the way alpa-run
+runs modules (through the XLA bridge), and the collectives it times under jax."""
+
+from __future__ import annotations
+
+
+def kernels_hlo(kind: str, count: int, d: int, rows: int, cols: int) -> str:
+    """`count` kernels one after the other, each on an f32 array of [rows, cols] per device
+    (split over `d` devices on axis 0), each returning its result in new memory: a fused
+    chain of four elementwise ops (`kind` "elementwise") or a row sum ("reduce")."""
+    array = f"f32[{d * rows},{cols}]"
+    split = f"sharding={{devices=[{d},1]<=[{d}]}}"
+    if kind == "elementwise":
+        result, out_split, header = array, split, "HloModule kernels\n"
+        scalars = "".join(f"  {c} = f32[] constant({v})\n  {c}s = {array} broadcast({c}), "
+                          f"dimensions={{}}\n" for c, v in
+                          (("half", 0.5), ("quarter", 0.25), ("low", -1), ("rise", 1.5)))
+        body = "".join(f"  m{i} = {array} multiply(p{i}, halfs)\n"
+                       f"  a{i} = {array} add(m{i}, quarters)\n"
+                       f"  x{i} = {array} maximum(a{i}, lows)\n"
+                       f"  r{i} = {array} multiply(x{i}, rises), {split}\n"
+                       for i in range(count))
+    else:
+        result, out_split = f"f32[{d * rows}]", f"sharding={{devices=[{d}]<=[{d}]}}"
+        scalars = "  zero = f32[] constant(0)\n"
+        body = "".join(f"  r{i} = {result} reduce(p{i}, zero), dimensions={{1}}, "
+                       f"to_apply=sum, {out_split}\n" for i in range(count))
+        header = ("HloModule kernels\nsum {\n  x = f32[] parameter(0)\n"
+                  "  y = f32[] parameter(1)\n  ROOT s = f32[] add(x, y)\n}\n")
+    params = "".join(f"  p{i} = {array} parameter({i}), {split}\n" for i in range(count))
+    tuple_split = "{" + ", ".join([out_split.split("=", 1)[1]] * count) + "}"
+    root = f"  ROOT t = ({', '.join([result] * count)}) tuple(" \
+        f"{', '.join(f'r{i}' for i in range(count))}), sharding={tuple_split}\n"
+    if count == 1:
+        body, root = body.replace("  r0 =", "  ROOT r0 ="), ""
+    return f"{header}ENTRY e {{\n{params}{scalars}{body}{root}}}\n"
+
+
+def collective_step(kind: str, g: int):
+    """One collective over mesh axis "i" of size g, shaped so that it can repeat: its result
+    has its operand's shape (a slice or tile where the collective changes it)."""
+    from jax import lax
+    if kind == "all-reduce":
+        return lambda y: lax.psum(y, "i") * (1.0 / g)
+    if kind == "all-gather":
+        return lambda y: lax.all_gather(y, "i", tiled=True)[: y.shape[0]]
+    if kind == "reduce-scatter":
+        import jax.numpy as jnp
+        return lambda y: jnp.tile(lax.psum_scatter(y, "i", tiled=True), g)
+    if kind == "all-to-all":
+        return lambda y: lax.all_to_all(y.reshape(g, -1), "i", 0, 0, tiled=True).reshape(-1)
+    return lambda y: lax.ppermute(y, "i", [(j, (j + 1) % g) for j in range(g)])

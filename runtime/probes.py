@@ -227,8 +227,7 @@ class Rank:
             return None
         one = self.local[:1]
         if kind == "array_alone_s":
-            self._arrays[kind] = self.arrays(devices=one)
-            return self._arrays[kind]
+            return self._array_s(alone=True)
         if kind == "launch_cpu_alone_s":
             return self.launch_cpu(one)
         self.launch_alone_s = self.launch(one)

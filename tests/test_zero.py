@@ -27,7 +27,6 @@ def plan(name: str, mesh: str, zero: str = "auto", rewrite: bool = True, root="/
                "reduce-scatter": {"zero": zero}}
     pipeline = build_pipeline(None, () if rewrite else ("reduce-scatter",), options)
     if cluster is not None:
-        out.mkdir(parents=True, exist_ok=True)
         (out.parent / f"{out.name}.yaml").write_text(cluster)
     chosen = default_cluster() if cluster is None else \
         load_cluster(out.parent / f"{out.name}.yaml")

@@ -16,7 +16,7 @@ they share the host's cores, per the calibration's concurrency table) runs on fe
 
     python benchmarks/bench_fidelity.py [--cluster testdata/clusters/local-cpu-calibrated-np2.yaml]
         [--ranks 2] [--devices-per-rank 4] [--iters 8] [--rounds 3]
-        [--models mlp_train,gpt_train,bert_train] [--output fidelity]
+        [--models mlp_train,gpt_train,bert_train] [--output fidelity] [--calibrate]
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from itertools import combinations
 from pathlib import Path
 
@@ -63,6 +64,16 @@ def compile_plan(model: str, flags: list[str], cluster: Path, plan: Path
     used = 1 + max(d for s in planned["stages"] for d in s["mesh"]["devices"])
     modules = hashlib.sha256(b"".join(f.read_bytes() for f in sorted(plan.glob("stage*.hlo"))))
     return planned["estimate"]["iteration_time_s"], used, modules.hexdigest()
+
+
+def calibrate(cluster: Path, ranks: int, k: int) -> float:
+    """`alpac calibrate` into `cluster` on `ranks` ranks of `k` devices; its seconds. Done in
+    the same run as the measurements: this machine's speed drifts by up to 1.5x within an
+    hour, more than the error the benchmark looks for."""
+    start = time.perf_counter()
+    subprocess.run([str(BIN / "alpac"), "calibrate", "--devices-per-rank", str(k), "-o",
+                    str(cluster), "--", "np", str(ranks)], check=True)
+    return time.perf_counter() - start
 
 
 def run_plan(plan: Path, used: int, ranks: int, k: int, iters: int) -> tuple[float, float]:
@@ -107,7 +118,11 @@ def main() -> None:
     parser.add_argument("--output", default="fidelity", help="results/<output>.md and .json")
     parser.add_argument("--rounds", type=int, default=3,
                         help="alpa-run launches per plan, every plan once per round")
+    parser.add_argument("--calibrate", action="store_true",
+                        help="calibrate the cluster file first, with the same ranks")
     args = parser.parse_args()
+    calibrated = calibrate(args.cluster, args.ranks, args.devices_per_rank) \
+        if args.calibrate else None
     devices = args.ranks * args.devices_per_rank
     plans = [(model, name, flags) for model in args.models.split(",")
              for name, flags in strategies(devices, args.devices_per_rank).items()]
@@ -154,7 +169,9 @@ def main() -> None:
             + (" (the same plan)" if digests[other] == digests["automatic"] else "")
             for other in ("data-parallel", "one device") if other in measured))
     errors = [abs(float(r["measured / estimate"]) - 1) for r in rows if r["estimate ms"] != "-"]
-    summary = (f"Cluster file {args.cluster.name}, {args.ranks} ranks x "
+    summary = (f"Cluster file {args.cluster.name}"
+               + (f" (calibrated by this run just before, in {calibrated:.0f} s)"
+                  if calibrated is not None else "") + f", {args.ranks} ranks x "
                f"{args.devices_per_rank} devices; per plan {args.rounds} launches of alpa-run, "
                f"interleaved with the other plans', {args.iters} iterations each (the first "
                f"excluded): measured is the median of the launches' medians; cores busy: "
@@ -167,7 +184,7 @@ def main() -> None:
                f"`python benchmarks/bench_fidelity.py --cluster {args.cluster} --ranks "
                f"{args.ranks} --devices-per-rank {args.devices_per_rank} --models "
                f"{args.models} --iters {args.iters} --rounds {args.rounds} --output "
-               f"{args.output}` (from "
+               f"{args.output}{' --calibrate' if calibrated is not None else ''}` (from "
                f"benchmarks/).")
     write_results(args.output, "Predicted against measured iteration time", rows, summary)
 

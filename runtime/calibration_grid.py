@@ -8,10 +8,10 @@ from dataclasses import dataclass
 from alpac.plan.calibration import SCALARS
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
-# the largest message under multi-process jax in the full grid: a 64 MiB one costs gloo
-# seconds per collective (a 5-minute budget for 4 ranks on 2 cores); the tables extrapolate
-# past it
-ACROSS_MAX_BYTES = 16 << 20
+# the largest message under multi-process jax in the full grid: gloo on CPU takes seconds
+# per collective of 16 MiB (a 5-minute budget for 4 ranks on 2 cores); the tables
+# extrapolate past it
+ACROSS_MAX_BYTES = {"cpu": 4 << 20, "gpu": 16 << 20}
 # the largest dot timed on one device alone: a plan leaves devices idle only where its work
 # is small (the table extrapolates past it)
 ALONE_MAX_SIDE = 512
@@ -94,7 +94,8 @@ def grid(nodes: int, k: int, quick: bool, gpu: bool = False) -> list[Point]:
         for kind in COLLECTIVES:
             points += [Point(("collectives", link, kind, str(ranks * per)),
                              collective_bytes(b, ranks * per), (ranks, per), phase)
-                       for b in messages if phase == "local" or b <= ACROSS_MAX_BYTES]
+                       for b in messages
+                       if phase == "local" or b <= ACROSS_MAX_BYTES["gpu" if gpu else "cpu"]]
     for link, present in (("intra_node", k > 1), ("inter_node", nodes > 1)):
         points += [Point(("send", link), b) for b in messages] if present else []
     total = nodes * k

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from alpac.plan.calibration import POLL_FIRST_S, POLL_GROWTH, POLL_LONGEST_S
+from alpac.plan.calibration import pauses
 from alpac.runtime.status import STATUS_ENV, write_json
 
 EXIT_CHECK = 1
@@ -60,15 +60,19 @@ class Comm:
     # ---- waiting -------------------------------------------------------------------------
     def wait(self, request, what: str) -> None:
         """Poll `request` until it completes or the deadline passes (RankTimeout)."""
-        if request.Test():
-            return
+        if not request.Test():
+            self._poll(request.Test, what)
+
+    def _poll(self, done, what: str) -> None:
+        """Sleep the polling's pauses (`pauses`) until `done()`; RankTimeout after the
+        deadline."""
         deadline = time.monotonic() + self.timeout
-        pause = POLL_FIRST_S
-        while not request.Test():
+        for pause in pauses():
+            if done():
+                return
             if time.monotonic() > deadline:
                 raise RankTimeout(f"timed out after {self.timeout:g} s waiting for {what}")
             time.sleep(pause)
-            pause = min(pause * POLL_GROWTH, POLL_LONGEST_S)
 
     def barrier(self, what: str = "the other ranks") -> None:
         if self.size > 1:
@@ -108,16 +112,11 @@ class Comm:
 
     def flush(self, what: str = "sends to complete") -> None:
         """Wait for every started send (their receivers must have posted receives)."""
-        deadline = time.monotonic() + self.timeout
-        pause = POLL_FIRST_S
-        while True:
-            self.progress()
-            if not self._pending:
-                return
-            if time.monotonic() > deadline:
-                raise RankTimeout(f"timed out after {self.timeout:g} s waiting for {what}")
-            time.sleep(pause)
-            pause = min(pause * POLL_GROWTH, POLL_LONGEST_S)
+        self._poll(self._all_sent, what)
+
+    def _all_sent(self) -> bool:
+        self.progress()
+        return not self._pending
 
     # ---- python objects ------------------------------------------------------------------
     def send_obj(self, obj, dest: int, tag: int) -> None:
@@ -126,14 +125,8 @@ class Comm:
 
     def recv_obj(self, source: int, tag: int, what: str):
         status = self.MPI.Status()
-        deadline = time.monotonic() + self.timeout
-        pause = POLL_FIRST_S
-        while not self.comm.Iprobe(source=source, tag=tag, status=status):
-            if time.monotonic() > deadline:
-                raise RankTimeout(f"timed out after {self.timeout:g} s waiting for {what} "
-                                  f"from rank {source}")
-            time.sleep(pause)
-            pause = min(pause * POLL_GROWTH, POLL_LONGEST_S)
+        self._poll(lambda: self.comm.Iprobe(source=source, tag=tag, status=status),
+                   f"{what} from rank {source}")
         buf = np.empty(status.Get_count(self.MPI.BYTE), np.uint8)
         self.comm.Recv(buf, source=source, tag=tag)
         return pickle.loads(buf.tobytes())

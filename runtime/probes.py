@@ -30,7 +30,7 @@ import numpy as np
 
 from alpac.plan.calibration import POLL_FIRST_S
 from alpac.runtime.calibration_grid import Point
-from alpac.runtime.probe_programs import collective_step, kernels_hlo
+from alpac.runtime.probe_programs import collective_step, feeding, freeing, kernels_hlo
 
 REPS = 5
 UNROLL = 8  # the dot and arithmetic work done per loop iteration
@@ -42,6 +42,7 @@ TARGET = 4e-3  # seconds: shorter work is repeated inside one execution
 # between them): longer and more timings, so that the median is the back-to-back cost.
 ACROSS_REPS, ACROSS_TARGET = 9, 50e-3
 IDLE = 1e-3  # seconds a rank sleeps before each launch of `launch_cpu`
+FREED = 16  # arrays `free` deletes after each module, as a task of a plan frees several
 IN_A_MODULE = 8  # collectives per execution under multi-process jax, to 1 MiB
 MAX_REPEAT = 512
 TAG_REPEAT = (1 << 28) + 16
@@ -280,18 +281,6 @@ class Rank:
             return self._timed(run)
         return max(timed(count) - timed(2), 0.0) / (count - 2)
 
-    def _host_array(self):
-        """A small array on the rank's devices from the host, the way alpa-run feeds a
-        microbatch of an input: each device's piece copied, in one batched copy."""
-        from jax.sharding import Mesh, NamedSharding
-        from jax.sharding import PartitionSpec as P
-
-        from alpac.xla.bridge import host_to_devices
-        data = np.ones((len(self.local), 64), np.float32)
-        sharding = NamedSharding(Mesh(np.array(self.local), ("d",)), P("d"))
-        return lambda: host_to_devices(data.shape, sharding,
-                                       lambda i: np.array(data[i], copy=True))
-
     def while_others_busy(self, measure) -> float | None:
         """`measure()` on rank 0 while the other ranks keep their devices busy
         (`busy_until_released`): alpa-run feeds and frees on one mesh while the other meshes
@@ -306,28 +295,12 @@ class Rank:
             self._release_busy(1)
 
     def feed(self) -> float:
-        """Feeding one input from the host onto the rank's devices (`_host_array`)."""
-        make = self._host_array()
-
-        def run(r):
-            for _ in range(r):
-                make().block_until_ready()
-        return per_op(run, lambda r: r)
+        """Feeding one input from the host onto the rank's devices (`feeding`)."""
+        return per_op(feeding(self.jax, self.local), lambda r: r)
 
     def free(self) -> float:
-        """Deleting one array of the rank's devices (alpa-run frees each value once read no
-        more); the arrays are made beforehand, outside the timing."""
-        make = self._host_array()
-
-        def run(r):
-            held = [make() for _ in range(r)]
-            for a in held:
-                a.block_until_ready()
-            t0 = time.perf_counter()
-            for a in held:
-                a.delete()
-            return time.perf_counter() - t0
-        return per_op(run, lambda r: r)
+        """Freeing one array as alpa-run frees a module's result (`freeing`)."""
+        return freeing(self.jax, self.local, FREED, rounds=24)
 
     def dot(self, dtype: str, m: int, k: int, n: int, devices=None) -> float:
         """[m,k]x[k,n] and back ([m,n]x[n,k]), repeated: two dots of 2mkn FLOPs each, on

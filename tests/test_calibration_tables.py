@@ -18,7 +18,9 @@ from alpac.errors import UserError
 from alpac.plan.calibration import Table, polls
 from alpac.plan.cluster import load_cluster
 from alpac.plan.mesh import LogicalMesh
+from alpac.plan.program import Program
 from alpac.plan.schedule import step_seconds
+from alpac.runtime.timeline import build
 
 MODELS = Path(__file__).resolve().parent.parent / "testdata" / "models"
 CLUSTER = """\
@@ -162,14 +164,18 @@ def test_each_array_a_module_returns_or_a_step_feeds_is_priced(tmp_path):
 def test_an_input_copied_from_the_host_and_a_value_freed_are_priced_as_measured(tmp_path):
     """With the calibration's `feed_s` and `free_s`: an input alpa-run copies from the host
     each microbatch (a batch input) costs `feed_s`, one carried from the step before (an
-    output aliased to it) the per-array figure; each per-microbatch value a stage's modules
-    make, and each it receives, costs `free_s` per microbatch (plan.json `free_s`)."""
+    output aliased to it) the per-array figure; each array alpa-run frees costs `free_s`
+    (plan.json `free_s`), as many per mesh as the runtime's tasks free there in a step."""
     text = CLUSTER.replace("  launch_s: LAUNCH\n", "  launch_s: LAUNCH\n  array_s: 2.0e-5\n"
                            "  feed_s: 3.0e-4\n  free_s: 7.0e-6\n")
     plan = _two_stage_plan(tmp_path, "two", text)
     program = plan["program"]
     carried = {parameter for _, parameter in program["aliases"]}
     assert carried
+    freed = {}
+    for task in build(Program.from_dict(program)).tasks:
+        freed[task.mesh] = freed.get(task.mesh, 0) + len(task.free_after)
+    B = plan["num_micro_batches"]
     for stage in plan["stages"]:
         want = [0.0, 0.0]
         for i in program["inputs"]:
@@ -179,14 +185,10 @@ def test_an_input_copied_from_the_host_and_a_value_freed_are_priced_as_measured(
                 want[v["scope"] != "microbatch"] += 3e-4 if fed_from_host else 2e-5
         got = stage["estimate"]["feed_s"]
         assert [got["per_microbatch"], got["per_step"]] == pytest.approx(want)
-        made = [v for v in program["values"].values()
-                if v["mesh"] == stage["index"] and v["scope"] == "microbatch"]
-        received = [t for t in program["transfers"]
-                    if t["dst_mesh"] == stage["index"] and t["scope"] == "microbatch"]
-        assert made and received
         got = stage["estimate"]["free_s"]
-        assert [got["per_microbatch"], got["per_step"]] == pytest.approx(
-            [7e-6 * (len(made) + len(received)), 0.0])
+        priced = (B * got["per_microbatch"] + got["per_step"]) / 7e-6
+        assert freed[stage["index"]] > 10
+        assert abs(priced - freed[stage["index"]]) <= 2, (priced, freed)
     batch_fed = [i for i in program["inputs"] if i["batch_dim"] is not None]
     assert batch_fed and plan["stages"][0]["estimate"]["feed_s"]["per_microbatch"] >= 3e-4
 

@@ -67,8 +67,8 @@ def feed_seconds(cluster, carried: bool) -> float:
 
 
 def free_seconds(cluster) -> float:
-    """alpa-run deleting an array once no task reads it (the calibration's `free_s`; 0 where
-    not measured)."""
+    """alpa-run freeing an array once no task reads it (the calibration's `free_s`, timed as
+    the runtime frees between modules; 0 where not measured)."""
     calibration = cluster.calibration
     return calibration.free_s if calibration is not None else 0.0
 

@@ -77,7 +77,7 @@ class Calibration:
     launch_alone_s: float = 0.0
     array_alone_s: float = 0.0
     feed_s: float = 0.0  # an input copied from the host onto a rank's devices
-    free_s: float = 0.0  # an array of a rank's devices deleted
+    free_s: float = 0.0  # an array freed as alpa-run frees them, between modules
     # CPU time, all of a rank's threads, of launching a module execution after the rank sat
     # idle (as a pipeline's ranks launch each module after a wait), on its devices and on one
     # device alone; a shared CPU pays it, and only there does it price anything
@@ -196,14 +196,24 @@ class Calibration:
         return out
 
 
-def polls(wait: float, late: float) -> int:
-    """How many sleeps a rank's wait of `wait` seconds takes (alpa-run's polling: POLL_FIRST_S,
-    growing), each sleep lasting `late` seconds more than asked (a shared CPU's wake-up)."""
-    count, slept, pause = 0, 0.0, POLL_FIRST_S
-    while slept < wait:
-        count, slept = count + 1, slept + pause + late
+def pauses():
+    """The sleeps of a rank's wait in alpa-run, one after another: POLL_FIRST_S, each
+    POLL_GROWTH times the one before, to POLL_LONGEST_S (a waiting rank leaves the cores to
+    the ranks that compute, and still sees a message soon)."""
+    pause = POLL_FIRST_S
+    while True:
+        yield pause
         pause = min(pause * POLL_GROWTH, POLL_LONGEST_S)
-    return count
+
+
+def polls(wait: float, late: float) -> int:
+    """How many sleeps a rank's wait of `wait` seconds takes (`pauses`), each sleep lasting
+    `late` seconds more than asked (a shared CPU's wake-up)."""
+    count, slept = 0, 0.0
+    for pause in pauses():
+        if slept >= wait:
+            return count
+        count, slept = count + 1, slept + pause + late
 
 
 def between(alone: float, every: float, toward_every: float) -> float:

@@ -55,9 +55,8 @@ def emit_plan(source: Module, sharded: ShardedStages, cluster=None,
                                        stages[0]["module"])
         program.layout = unrolled.layout() if unrolled else None
         _loop_iterations(program, stages)
-        host = {key: work(program, cluster).get(0, (0.0, 0.0))[1] for key, work in
-                (("feed_s", _feed_seconds), ("free_s", _free_seconds))}
-        host["launch_s"] = _launch_seconds(_role_launches(program, cluster)).get(0, (0.0, 0.0))[1]
+        host = {key: per_stage.get(0, (0.0, 0.0))[1] for key, per_stage in _host_work(
+            program, [first.stage.mesh], cluster, _role_launches(program, cluster)).items()}
         for key, seconds in host.items():
             stages[0]["estimate"][key] = {"per_microbatch": 0.0, "per_step": seconds}
         entries["program"] = program.to_dict()
@@ -123,6 +122,16 @@ def _loop_iterations(program: Program, entries: list[dict]) -> None:
         entry["loop_iterations"] = sorted(rows)
 
 
+def _host_work(program: Program, meshes: list, cluster, role_launches
+               ) -> dict[str, dict[int, tuple[float, float]]]:
+    """Per kind of alpa-run's host work (`HOST_WORK`): stage (each on its own mesh) ->
+    seconds per microbatch and per step, beside the ILP's."""
+    return dict(zip(HOST_WORK, (
+        _launch_seconds(role_launches), _receive_seconds(program, meshes, cluster),
+        _send_seconds(program, cluster), _feed_seconds(program, cluster),
+        _free_seconds(program, cluster))))
+
+
 def _receive_seconds(program: Program, meshes: list, cluster
                      ) -> dict[int, tuple[float, float]]:
     """Mesh -> seconds its ranks spend per microbatch and per step receiving values from
@@ -156,10 +165,16 @@ def _feed_seconds(program: Program, cluster) -> dict[int, tuple[float, float]]:
     the host where no output of the step becomes them)."""
     if cluster is None:
         return {}
-    carried = {parameter for _, parameter in program.aliases}
+    carried = _carried_inputs(program)
     return _by_mesh((program.values[i.value].mesh, program.values[i.value].scope,
-                     feed_seconds(cluster, i.parameter in carried and i.batch_dim is None))
-                    for i in program.inputs)
+                     feed_seconds(cluster, i.value in carried)) for i in program.inputs)
+
+
+def _carried_inputs(program: Program) -> set[str]:
+    """The inputs alpa-run takes over from the step before (an output of the step becomes
+    them); it copies the others from the host."""
+    aliased = {parameter for _, parameter in program.aliases}
+    return {i.value for i in program.inputs if i.parameter in aliased and i.batch_dim is None}
 
 
 def _free_seconds(program: Program, cluster) -> dict[int, tuple[float, float]]:
@@ -174,13 +189,13 @@ def _free_seconds(program: Program, cluster) -> dict[int, tuple[float, float]]:
     if cluster is None:
         return {}
     per_array = free_seconds(cluster)
-    carried = {parameter for _, parameter in program.aliases}
+    carried = _carried_inputs(program)
     per_microbatch = (Role.FORWARD, Role.BACKWARD)
     made = [(m.mesh, "microbatch" if m.role in per_microbatch else "step",
              per_array * (len(m.outputs) - len(m.donated))) for m in program.modules]
     received = [(t.dst_mesh, t.scope, per_array) for t in program.transfers]
     copied = [(program.values[i.value].mesh, program.values[i.value].scope, per_array)
-              for i in program.inputs if i.parameter not in carried or i.batch_dim is not None]
+              for i in program.inputs if i.value not in carried]
     zeroed = [(program.values[a].mesh, "step", per_array) for a in program.accumulators]
     return _by_mesh(made + received + copied + zeroed)
 
@@ -302,11 +317,7 @@ def _pipelined(source: Module, sharded: ShardedStages, entries: list[dict],
     _loop_iterations(program, entries)
     S = len(sharded.stages)
     role_launches = _role_launches(program, cluster)
-    host = dict(zip(HOST_WORK, (  # stage -> (per microbatch, per step) beside the ILP's
-        _launch_seconds(role_launches),
-        _receive_seconds(program, [s.stage.mesh for s in sharded.stages], cluster),
-        _send_seconds(program, cluster), _feed_seconds(program, cluster),
-        _free_seconds(program, cluster))))
+    host = _host_work(program, [s.stage.mesh for s in sharded.stages], cluster, role_launches)
     times, applies, peaks = [], [], []
     for s, (done, entry) in enumerate(zip(sharded.stages, entries)):
         figures, in_flight, peak = pipelined_peak(done.stage.pipeline_stage, done.sharding,

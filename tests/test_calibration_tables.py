@@ -314,6 +314,55 @@ def test_a_broadcast_two_kernels_use_is_made_again_in_each():
     assert totals[0] == totals[1] == 2 * (2 * 512 * 512 * 4 + 4)
 
 
+SHARED_PRODUCERS = """HloModule m
+sum {
+  x = f32[] parameter(0)
+  y = f32[] parameter(1)
+  ROOT s = f32[] add(x, y)
+}
+ENTRY e {
+  p = f32[256,256] parameter(0)
+  q = f32[256,256] parameter(1)
+  a = f32[256,256] add(p, q)
+  x = f32[256,256] multiply(a, q)
+  y = f32[256,256] subtract(a, p)
+  e = f32[256,256] exponential(p)
+  u = f32[256,256] multiply(e, q)
+  v = f32[256,256] add(e, p)
+  c = f32[256,256] multiply(p, p)
+  zero = f32[] constant(0)
+  rows = f32[256] reduce(c, zero), dimensions={1}, to_apply=sum
+  m = f32[256,256] maximum(q, q)
+  cols = f32[256] reduce(m, zero), dimensions={0}, to_apply=sum
+  ROOT t = (f32[256,256], f32[256,256], f32[256,256], f32[256,256], f32[256], f32[256]) tuple(x, y, u, v, rows, cols)
+}
+"""
+
+
+def test_kernels_are_the_ones_xla_runs_a_cheap_shared_op_made_again_in_each():
+    """The add two kernels read is made again inside both (XLA repeats cheap ops), the exp
+    two read is a kernel of its own, and each reduction runs its operand's op inside it:
+    seven kernels, as many as the module XLA compiles runs, with the add's operands read
+    by both of its kernels."""
+    import re
+
+    from alpac.analysis.costs import CostTable
+    from alpac.analysis.fusion import kernel_shares
+    from alpac.hlo import parse_hlo
+    from alpac.xla.bridge import compile_hlo, cpu_devices
+    module = parse_hlo(SHARED_PRODUCERS)
+    shares = {i.name: s for i, s in kernel_shares(module.entry, CostTable(module)).items()}
+    kernels = {s.root.name for s in shares.values()
+               if s.root.opcode not in ("parameter", "constant", "tuple")}
+    assert kernels == {"x", "y", "e", "u", "v", "rows", "cols"}
+    assert shares["a"].root.name in ("x", "y") and shares["a"].own == 2 * 2 * 256 * 256 * 4
+    assert shares["e"].root.name == "e"
+    compiled = compile_hlo(SHARED_PRODUCERS, cpu_devices(1)).compiled_text()
+    entry = compiled[compiled.index("\nENTRY"):]
+    ran = re.findall(r"= \S+ (?!parameter|constant|tuple)([a-z-]+)\(", entry)
+    assert len(ran) == len(kernels), entry
+
+
 SHARED = CLUSTER + "  concurrency: [[1, 1.0e-3], [2, 2.0e-3], [4, 4.0e-3]]\n"
 
 

@@ -3,9 +3,11 @@
 A measured table prices a kernel (`alpac calibrate` times a fused elementwise chain and a
 reduction as one kernel each), not an instruction: a chain of ten elementwise ops that XLA
 fuses reads its inputs and writes its result once, and pays one kernel's fixed cost. The
-rule is XLA's loop and input fusion in its simplest form: an op of `LOOP_FUSIBLE` whose
-only user is another such op, or a reduction, runs inside its user's kernel; a constant,
-iota or broadcast whose users all fuse is made again inside each of their kernels. Each
+rule is XLA's loop and input fusion in its simplest form: an op of `LOOP_FUSIBLE` all of
+whose users are such ops or reductions runs inside its users' kernels, made again in each
+where it has several, unless it is expensive (a transcendental, a division: XLA keeps
+those in a kernel of their own rather than repeat them); a constant, iota or broadcast
+whose users all fuse is made again inside each of their kernels. Each
 instruction keeps its share of its kernel's bytes (what it reads from outside the kernel,
 and its result where that leaves the kernel), so the sharding ILP can still price each
 instruction under its own sharding.
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 
 from alpac.analysis.costs import CostTable
 from alpac.hlo.ir import Computation, Instruction
-from alpac.hlo.opcodes import CONTRACTIONS, GENERATORS, LOOP_FUSIBLE, REDUCTIONS
+from alpac.hlo.opcodes import CONTRACTIONS, GENERATORS, LOOP_FUSIBLE, REDUCTIONS, TRANSCENDENTAL
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +29,7 @@ class KernelShare:
     own: float  # read from outside the kernel, plus its result if that leaves the kernel
     kernel: float  # the kernel's bytes: its members' `own` summed
     kind: str  # "reduce" or "elementwise": which measured table prices the kernel
+    root: Instruction  # the instruction whose result the kernel writes (names the kernel)
 
 
 def kernel_shares(comp: Computation, costs: CostTable) -> dict[Instruction, KernelShare]:
@@ -39,11 +42,15 @@ def kernel_shares(comp: Computation, costs: CostTable) -> dict[Instruction, Kern
     again = {x for x in comp.instructions if x.opcode in GENERATORS and users[x] and
              all(u.opcode in fusible for u in users[x])}
     root: dict[Instruction, Instruction] = {}
+    copies: dict[Instruction, int] = {}  # the kernels an instruction is made in
     for instr in reversed(comp.instructions):  # users come after their operands
-        only = users[instr][0] if len(users[instr]) == 1 else None
-        fused = instr.opcode in LOOP_FUSIBLE and only is not None and \
-            only.opcode in fusible and only in root
-        root[instr] = root[only] if fused else instr
+        outs = users[instr]
+        fused = instr.opcode in LOOP_FUSIBLE and bool(outs) and \
+            all(u in root and u.opcode in fusible for u in outs) and \
+            (len(outs) == 1 or not _expensive(instr))
+        root[instr] = root[outs[0]] if fused else instr
+        copies[instr] = (copies[outs[0]] if len(outs) == 1 else
+                         len({root[u] for u in outs})) if fused else 1
     own: dict[Instruction, float] = {}
     for instr in comp.instructions:
         if instr not in costs or instr.opcode in CONTRACTIONS:
@@ -57,14 +64,23 @@ def kernel_shares(comp: Computation, costs: CostTable) -> dict[Instruction, Kern
                       for op, b in zip(instr.operands, operand_bytes)
                       if op in again or root.get(op) is not root[instr])
         total = sum(operand_bytes)
-        read = cost.bytes_read * (outside / total if total else 1.0)
+        read = cost.bytes_read * (outside / total if total else 1.0) * copies[instr]
         own[instr] = read + (cost.bytes_written if root[instr] is instr else 0.0)
     kernel: dict[Instruction, float] = {}
     for instr, b in own.items():
         kernel[root[instr]] = kernel.get(root[instr], 0.0) + b
     return {instr: KernelShare(b, kernel[root[instr]],
-                               "reduce" if root[instr].opcode in REDUCTIONS else "elementwise")
+                               "reduce" if root[instr].opcode in REDUCTIONS else "elementwise",
+                               root[instr])
             for instr, b in own.items()}
+
+
+def _expensive(x: Instruction) -> bool:
+    """Whether XLA keeps `x` in a kernel of its own rather than make it again inside each of
+    its users' kernels (its fusion duplicates only cheap ops: not transcendentals, nor a
+    division of floating-point numbers)."""
+    return x.opcode in TRANSCENDENTAL or (x.opcode in ("divide", "remainder") and
+                                          x.shape.dtype.startswith(("f", "bf", "c")))
 
 
 def _made_from(x: Instruction) -> float:

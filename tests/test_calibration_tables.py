@@ -334,7 +334,8 @@ ENTRY e {
   rows = f32[256] reduce(c, zero), dimensions={1}, to_apply=sum
   m = f32[256,256] maximum(q, q)
   cols = f32[256] reduce(m, zero), dimensions={0}, to_apply=sum
-  ROOT t = (f32[256,256], f32[256,256], f32[256,256], f32[256,256], f32[256], f32[256]) tuple(x, y, u, v, rows, cols)
+  ROOT t = (""" + ", ".join(["f32[256,256]"] * 4 + ["f32[256]"] * 2) + """) \
+tuple(x, y, u, v, rows, cols)
 }
 """
 

@@ -444,6 +444,13 @@ def test_the_automatic_plan_leaves_devices_idle_where_that_is_faster(tmp_path):
         plans[name] = json.loads((out / "plan.json").read_text())
     assert plans["shared"]["devices_used"] == 1
     assert [s["mesh"]["devices"] for s in plans["shared"]["stages"]] == [[0]]
+    # each device count's assignment was priced as the plan it makes: the one kept is the
+    # least, at the estimate the plan reports
+    tried = json.loads((tmp_path / "shared" / "compile-stats.json").read_text())
+    tried = tried["stage_dp"]["devices_tried"]
+    assert sorted(map(int, tried)) == [1, 2, 4]
+    assert min(tried.values()) == tried["1"] == pytest.approx(
+        plans["shared"]["estimate"]["iteration_time_s"])
     assert "devices_used" not in plans["independent"]
     assert sorted(d for s in plans["independent"]["stages"] for d in s["mesh"]["devices"]) \
         == [0, 1, 2, 3]

@@ -117,7 +117,7 @@ def construct_stages(module, split, costs, cluster, budget: float, options: Stag
                                 stats, unrolled).run()
     else:
         assignment = _fewer_devices(module, split, costs, cluster, budget, options, progress,
-                                    stats)
+                                    stats, unrolled)
     return _whole_if_one(assignment, whole)
 
 
@@ -126,7 +126,8 @@ def _whole_if_one(assignment: StageAssignment, whole) -> StageAssignment:
     on that stage's mesh: one module per step (the `--mesh` plan of that mesh) instead of a
     forward, a backward and an update module with accumulators between them, which alpa-run
     runs 1.3-2.8x slower on small steps (`benchmarks/results/fidelity.md`)."""
-    if len(assignment.stages) != 1 or assignment.micro_batches != 1 or assignment.strategy:
+    if len(assignment.stages) != 1 or assignment.micro_batches != 1 or assignment.strategy \
+            or assignment.stages[0].pipeline_stage is None:  # already the whole step
         return assignment
     stage = assignment.stages[0]
     if any(mode != Remat.NONE for mode in stage.pipeline_stage.remat.values()):
@@ -139,28 +140,37 @@ def _shares_compute(cluster) -> bool:
     return cluster.calibration is not None and cluster.calibration.devices_share_cores
 
 
-def _fewer_devices(module, split, costs, cluster, budget, options, progress, stats):
+def _fewer_devices(module, split, costs, cluster, budget, options, progress, stats,
+                   unrolled):
     """The automatic plan where devices share a host: Alpa's stage DP covers every device,
     but with fewer working each is faster, and a small model runs fastest on a few. The DP
-    runs on the cluster cut to 1, 2, 4, ... devices and to all of them; the least objective
-    wins (ties: more devices)."""
-    best = None
-    tried = {}
+    runs on the cluster cut to 1, 2, 4, ... devices and to all of them, and each of its
+    assignments is priced as the plan it makes (its stages' ILPs, the plan's estimate): the
+    DP's objective leaves out the host's work between stages and prices one stage as a
+    forward, a backward and an update module where the plan runs the whole step as one (it
+    chose two stages of one device each for the MLP at 4 ranks, estimated 1.6 ms against
+    0.65 ms on one device). The least estimate wins (ties: more devices)."""
+    from alpac.interop.emit import emit_plan
+    from alpac.interop.shard import shard_stages
+    best, tried = None, {}
     counts = sorted({d for d in (2 ** i for i in range(cluster.num_devices.bit_length()))
                      if cluster.cut(d) is not None} | {cluster.num_devices}, reverse=True)
     for devices in counts:
         cut, figures = cluster.cut(devices), {}
         try:
-            assignment = _Pipeliner(module, split, costs, cut, budget, options, progress,
-                                    figures).run()
+            assignment = _whole_if_one(_Pipeliner(module, split, costs, cut, budget, options,
+                                                  progress, figures).run(),
+                                       _whole_program(module, cut))
+            sharded = shard_stages(assignment, cut, budget, 60.0, 1e-4, progress)
         except UserError:
             if devices == cluster.num_devices:
                 raise
             continue  # does not fit on so few
-        tried[devices] = assignment.summary["objective_s"]
-        if best is None or tried[devices] < best[0].summary["objective_s"]:
-            best = (assignment, figures)
-    assignment, figures = best
+        estimate = emit_plan(module, sharded, cut, unrolled).entries["estimate"]
+        tried[devices] = estimate["iteration_time_s"]
+        if best is None or tried[devices] < best[0]:
+            best = (tried[devices], assignment, figures)
+    _, assignment, figures = best
     stats.update(figures, devices_tried=tried)
     devices = sum(s.mesh.num_devices for s in assignment.stages)
     return dataclasses.replace(

@@ -8,7 +8,6 @@ the sum of its kernels (XLA's per-kernel dispatch, and kernels it runs side by s
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
 import os
@@ -21,7 +20,7 @@ from pathlib import Path
 
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
 
-from bench_fidelity import MODELS  # noqa: E402
+from bench_kernels import one_device_arguments  # noqa: E402
 from common import ROOT, write_results  # noqa: E402
 
 CLASSES = ("dot", "elementwise", "reduce")
@@ -141,11 +140,7 @@ def rows_of(model: str, cluster: Path) -> list[dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--cluster", type=Path, default=ROOT / "testdata" / "clusters" /
-                        "local-cpu-calibrated-np2.yaml")
-    parser.add_argument("--models", default=MODELS)
-    args = parser.parse_args()
+    args = one_device_arguments(__doc__)
     rows = [r for m in args.models.split(",") for r in rows_of(m, args.cluster)]
     write_results("kernel_profile", "One-device modules kernel by kernel: priced against "
                   "the profiler", rows, f"Cluster file {args.cluster.name} (the one-device "

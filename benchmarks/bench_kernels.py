@@ -120,12 +120,17 @@ def one_device(cluster: Path, models: list[str]) -> list[dict]:
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def one_device_arguments(doc: str) -> argparse.Namespace:
+    """`--cluster` (the 2-rank file of this machine) and `--models` of a one-device bench."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
     parser.add_argument("--cluster", type=Path, default=ROOT / "testdata" / "clusters" /
                         "local-cpu-calibrated-np2.yaml")
     parser.add_argument("--models", default=MODELS)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = one_device_arguments(__doc__)
     kernels = per_kernel()
     write_results("kernels", "One elementwise kernel in a module: results in new memory or "
                   "in place", kernels, "16 kernels per module through the XLA bridge, one "

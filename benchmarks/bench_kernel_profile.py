@@ -14,13 +14,12 @@ import os
 import re
 import statistics
 import tempfile
-import time
 from collections import defaultdict
 from pathlib import Path
 
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
 
-from bench_kernels import one_device_arguments  # noqa: E402
+from bench_kernels import fed_anew, one_device_arguments  # noqa: E402
 from common import ROOT, write_results  # noqa: E402
 
 CLASSES = ("dot", "elementwise", "reduce")
@@ -77,22 +76,12 @@ def measured_kernels(module: str) -> tuple[dict[str, list[float]], float]:
     ROUNDS executions, arguments fed anew and donated as alpa-run feeds them); and the
     module's median wall seconds without the profiler."""
     import jax
-    import numpy as np
 
-    from alpac.xla.bridge import compile_hlo, execute_unchecked
+    from alpac.xla.bridge import compile_hlo
     device = jax.devices()[0]
     exe = compile_hlo(module, [device])
     classes = kernel_classes(exe.compiled_text())
-    host = [np.full(s, 0.01, d) if np.dtype(d).kind == "f" else np.zeros(s, d)
-            for s, d in exe.parameter_types]
-
-    def run() -> float:
-        args = [jax.device_put(a, device) for a in host]
-        jax.block_until_ready(args)
-        t0 = time.perf_counter()
-        for o in execute_unchecked(exe, args):
-            o.block_until_ready()
-        return time.perf_counter() - t0
+    run = fed_anew(exe, device)
     wall = statistics.median([run() for _ in range(3 * ROUNDS)][ROUNDS:])
     with tempfile.TemporaryDirectory() as trace:
         jax.profiler.start_trace(trace, create_perfetto_trace=True)

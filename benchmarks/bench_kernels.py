@@ -88,11 +88,30 @@ def per_kernel() -> list[dict]:
     return rows
 
 
-def one_device(cluster: Path, models: list[str]) -> list[dict]:
+def fed_anew(exe, device):
+    """`run()`: one execution of the one-device module with every argument fed anew (and
+    donated), as alpa-run feeds a step; its seconds, waited for, the feeding left out."""
     import jax
     import numpy as np
 
-    from alpac.xla.bridge import compile_hlo, execute_unchecked
+    from alpac.xla.bridge import execute_unchecked
+    host = [np.full(s, 0.01, d) if np.dtype(d).kind == "f" else np.zeros(s, d)
+            for s, d in exe.parameter_types]
+
+    def run() -> float:
+        args = [jax.device_put(a, device) for a in host]
+        jax.block_until_ready(args)
+        t0 = time.perf_counter()
+        for o in execute_unchecked(exe, args):
+            o.block_until_ready()
+        return time.perf_counter() - t0
+    return run
+
+
+def one_device(cluster: Path, models: list[str]) -> list[dict]:
+    import jax
+
+    from alpac.xla.bridge import compile_hlo
     device = jax.devices()[0]
     rows = []
     for model in models:
@@ -101,17 +120,8 @@ def one_device(cluster: Path, models: list[str]) -> list[dict]:
             compile_plan(model, strategies(1, 1)["one device"], cluster, plan)
             stage = json.loads((plan / "plan.json").read_text())["stages"][0]
             exe = compile_hlo((plan / stage["module"]).read_text(), [device])
-        host = [np.full(s, 0.01, d) if np.dtype(d).kind == "f" else np.zeros(s, d)
-                for s, d in exe.parameter_types]
-        times = []
-        for _ in range(100):
-            args = [jax.device_put(a, device) for a in host]
-            jax.block_until_ready(args)
-            t0 = time.perf_counter()
-            for o in execute_unchecked(exe, args):
-                o.block_until_ready()
-            times.append(time.perf_counter() - t0)
-        measured = statistics.median(times[10:])
+        run = fed_anew(exe, device)
+        measured = statistics.median([run() for _ in range(100)][10:])
         est = stage["estimate"]
         priced = est["compute_s"] + est["launch_s"]["per_step"]
         rows.append({"model": model, "priced compute + launch ms": round(priced * 1e3, 2),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from alpac.interop.shard import shard_stages
+from alpac.interop.shard import ILP_GAP, ILP_TIME_LIMIT_S, shard_stages
 from alpac.interop.stage import ShardedStages, StageAssignment
 from alpac.passes.manager import CompileContext, Pass
 
@@ -16,8 +16,8 @@ class IntraOpShardingPass(Pass):
     description = "solve the sharding ILP (SCIP) of every stage on its logical mesh"
     requires = (StageAssignment,)
     provides = (ShardedStages,)
-    time_limit: float = 60.0  # seconds per stage
-    gap: float = 1e-4  # relative optimality gap at which SCIP may stop
+    time_limit: float = ILP_TIME_LIMIT_S  # seconds per stage
+    gap: float = ILP_GAP  # relative optimality gap at which SCIP may stop
 
     def run(self, ctx: CompileContext) -> None:
         assignment = ctx.get(StageAssignment)

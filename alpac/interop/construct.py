@@ -113,12 +113,10 @@ def construct_stages(module, split, costs, cluster, budget: float, options: Stag
     stats = {} if stats is None else stats
     searched = options.strategy or options.stages or options.stage_meshes
     if searched or not _shares_compute(cluster):
-        assignment = _Pipeliner(module, split, costs, cluster, budget, options, progress,
-                                stats, unrolled).run()
-    else:
-        assignment = _fewer_devices(module, split, costs, cluster, budget, options, progress,
-                                    stats, unrolled)
-    return _whole_if_one(assignment, whole)
+        return _whole_if_one(_Pipeliner(module, split, costs, cluster, budget, options,
+                                        progress, stats, unrolled).run(), whole)
+    return _fewer_devices(module, split, costs, cluster, budget, options, progress, stats,
+                          unrolled)
 
 
 def _whole_if_one(assignment: StageAssignment, whole) -> StageAssignment:
@@ -126,8 +124,7 @@ def _whole_if_one(assignment: StageAssignment, whole) -> StageAssignment:
     on that stage's mesh: one module per step (the `--mesh` plan of that mesh) instead of a
     forward, a backward and an update module with accumulators between them, which alpa-run
     runs 1.3-2.8x slower on small steps (`benchmarks/results/fidelity.md`)."""
-    if len(assignment.stages) != 1 or assignment.micro_batches != 1 or assignment.strategy \
-            or assignment.stages[0].pipeline_stage is None:  # already the whole step
+    if len(assignment.stages) != 1 or assignment.micro_batches != 1 or assignment.strategy:
         return assignment
     stage = assignment.stages[0]
     if any(mode != Remat.NONE for mode in stage.pipeline_stage.remat.values()):
@@ -151,7 +148,7 @@ def _fewer_devices(module, split, costs, cluster, budget, options, progress, sta
     chose two stages of one device each for the MLP at 4 ranks, estimated 1.6 ms against
     0.65 ms on one device). The least estimate wins (ties: more devices)."""
     from alpac.interop.emit import emit_plan
-    from alpac.interop.shard import shard_stages
+    from alpac.interop.shard import ILP_GAP, ILP_TIME_LIMIT_S, shard_stages
     best, tried = None, {}
     counts = sorted({d for d in (2 ** i for i in range(cluster.num_devices.bit_length()))
                      if cluster.cut(d) is not None} | {cluster.num_devices}, reverse=True)
@@ -161,7 +158,8 @@ def _fewer_devices(module, split, costs, cluster, budget, options, progress, sta
             assignment = _whole_if_one(_Pipeliner(module, split, costs, cut, budget, options,
                                                   progress, figures).run(),
                                        _whole_program(module, cut))
-            sharded = shard_stages(assignment, cut, budget, 60.0, 1e-4, progress)
+            sharded = shard_stages(assignment, cut, budget, ILP_TIME_LIMIT_S, ILP_GAP,
+                                   progress)
         except UserError:
             if devices == cluster.num_devices:
                 raise

@@ -16,6 +16,9 @@ from alpac.intraop.problem import Infeasible
 from alpac.intraop.rules import both, keep_to
 from alpac.plan.schedule import microbatches_in_flight
 
+ILP_TIME_LIMIT_S = 60.0  # seconds per stage, unless `--time-limit` says otherwise
+ILP_GAP = 1e-4  # relative optimality gap at which SCIP may stop
+
 
 def shard_stages(assignment: StageAssignment, cluster, budget: float, time_limit: float,
                  gap: float, progress=None) -> ShardedStages:

@@ -172,8 +172,9 @@ def compile(model: Path, cluster_path: Path | None, out_dir: Path, passes_spec: 
         options["stage-construction"]["mesh"] = mesh
     from alpac.plan.cluster import parse_size
     budget = parse_size(memory_budget, "--memory-budget") if memory_budget else None
-    if time_limit is not None:
-        options["intra-op-sharding"]["time_limit"] = str(time_limit)
+    if time_limit is not None:  # every per-stage ILP: candidate plans, the plan, ZeRO's
+        for name in ("stage-construction", "intra-op-sharding", "reduce-scatter"):
+            options[name]["time_limit"] = str(time_limit)
     pipeline = build_pipeline(passes_spec, skip_pass, options)
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                   MofNCompleteColumn(), TimeElapsedColumn(), console=err_console,

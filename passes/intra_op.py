@@ -3,6 +3,7 @@ ShardedStages (alpac.interop.shard)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from alpac.interop.shard import ILP_GAP, ILP_TIME_LIMIT_S, shard_stages
@@ -21,5 +22,9 @@ class IntraOpShardingPass(Pass):
 
     def run(self, ctx: CompileContext) -> None:
         assignment = ctx.get(StageAssignment)
+        if assignment.solved is not None and assignment.solved_with == (self.time_limit,
+                                                                        self.gap):
+            ctx.put(dataclasses.replace(assignment.solved, assignment=assignment))
+            return  # solved while the stages were chosen, at these settings
         ctx.put(shard_stages(assignment, assignment.runs_on or ctx.cluster, ctx.budget,
                              self.time_limit, self.gap, ctx.progress))

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from alpac.analysis.step.split import StepSplit
+from alpac.interop.shard import ILP_TIME_LIMIT_S
 from alpac.interop.stage import ShardedStages, WeightUpdate
 from alpac.interop.weight_update import rewrite_weight_update
 from alpac.passes.manager import CompileContext, Pass
@@ -19,7 +20,7 @@ class ReduceScatterPass(Pass):
     requires = (ShardedStages, StepSplit)
     provides = (ShardedStages, WeightUpdate)
     zero: str = "auto"  # auto | 2 | 3
-    time_limit: float = 60.0
+    time_limit: float = ILP_TIME_LIMIT_S  # seconds per stage ILP solved again
 
     def run(self, ctx: CompileContext) -> None:
         stages = ctx.get(ShardedStages)

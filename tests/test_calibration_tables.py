@@ -461,6 +461,35 @@ def test_the_automatic_plan_leaves_devices_idle_where_that_is_faster(tmp_path):
         " ".join(explained.stdout.split())
 
 
+
+@pytest.mark.parametrize("plan_limit", [7.0, 9.0])
+def test_the_automatic_plan_s_stages_are_solved_once_within_the_user_s_time_limit(
+        tmp_path, monkeypatch, plan_limit):
+    """Choosing the device count on a shared host solves each candidate's stage ILPs; those
+    solves keep to --time-limit, and the intra-op pass keeps the chosen one's solutions
+    instead of solving them again, unless it was asked for other settings."""
+    from alpac.driver import build_pipeline, compile_model
+    from alpac.interop import shard
+    solves, running = [], []
+    solve = shard.shard_within
+
+    def counted(module, mesh, cluster, budget, time_limit, *rest):
+        solves.append((running[-1], time_limit))
+        return solve(module, mesh, cluster, budget, time_limit, *rest)
+    monkeypatch.setattr(shard, "shard_within", counted)
+    options = {"stage-construction": {"time_limit": "7"},
+               "intra-op-sharding": {"time_limit": str(plan_limit)}}
+    ctx, _ = compile_model(MODELS / "mlp_train.hlo", load_cluster(cluster(tmp_path, text=SHARED)),
+                           build_pipeline(None, (), options), tmp_path / "plan",
+                           on_start=lambda p: running.append(p.name))
+    chosen = [s for s, limit in solves if s == "stage-construction" and limit == 7.0]
+    assert len(chosen) >= 3 and len(chosen) == len(solves) - sum(
+        s == "intra-op-sharding" for s, _ in solves)  # one per candidate stage, at 7 s
+    again = [limit for s, limit in solves if s == "intra-op-sharding"]
+    assert again == ([] if plan_limit == 7.0 else [plan_limit])
+    sharded = ctx.get(shard.ShardedStages)
+    assert sharded.assignment.runs_on.num_devices == 1  # the final assignment, cut to one
+
 def _two_stage_plan(tmp_path, name: str, text: str) -> dict:
     out = tmp_path / name
     done = subprocess.run([sys.executable, "-m", "alpac.cli", "compile",

@@ -24,6 +24,7 @@ from alpac.interop import pipeline as pl
 from alpac.interop.layers import choose_num_layers, cluster_layers, layer_owned
 from alpac.interop.pricing import LayerModules, LayerTask, solve_all
 from alpac.interop.remat import REMAT_MODES, Remat
+from alpac.interop.shard import ILP_GAP, ILP_TIME_LIMIT_S, shard_stages
 from alpac.interop.stage import Stage, StageAssignment
 from alpac.interop.stage_dp import NoFeasiblePlan, StagePlan, stage_dp
 from alpac.interop.stage_prices import StageConfig, StagePrices, remat_variants
@@ -48,6 +49,9 @@ class StageOptions:
     max_micro_batches: int = 0  # the most microbatches to consider (0: up to the batch)
     strategy: str = ""  # data-parallel | zero2 | zero3 | megatron:dp=..,tp=..,pp=..
     remat: str = "auto"  # auto (the stage DP's choice per stage) | none | selective | full
+    # seconds per stage ILP where candidate plans are solved whole to be compared (the
+    # automatic plan on a shared host): `--time-limit`, as the intra-op pass's
+    time_limit: float = ILP_TIME_LIMIT_S
 
 
 class MeshConfig(NamedTuple):
@@ -148,7 +152,6 @@ def _fewer_devices(module, split, costs, cluster, budget, options, progress, sta
     chose two stages of one device each for the MLP at 4 ranks, estimated 1.6 ms against
     0.65 ms on one device). The least estimate wins (ties: more devices)."""
     from alpac.interop.emit import emit_plan
-    from alpac.interop.shard import ILP_GAP, ILP_TIME_LIMIT_S, shard_stages
     best, tried = None, {}
     counts = sorted({d for d in (2 ** i for i in range(cluster.num_devices.bit_length()))
                      if cluster.cut(d) is not None} | {cluster.num_devices}, reverse=True)
@@ -158,7 +161,7 @@ def _fewer_devices(module, split, costs, cluster, budget, options, progress, sta
             assignment = _whole_if_one(_Pipeliner(module, split, costs, cut, budget, options,
                                                   progress, figures).run(),
                                        _whole_program(module, cut))
-            sharded = shard_stages(assignment, cut, budget, ILP_TIME_LIMIT_S, ILP_GAP,
+            sharded = shard_stages(assignment, cut, budget, options.time_limit, ILP_GAP,
                                    progress)
         except UserError:
             if devices == cluster.num_devices:
@@ -167,12 +170,13 @@ def _fewer_devices(module, split, costs, cluster, budget, options, progress, sta
         estimate = emit_plan(module, sharded, cut, unrolled).entries["estimate"]
         tried[devices] = estimate["iteration_time_s"]
         if best is None or tried[devices] < best[0]:
-            best = (tried[devices], assignment, figures)
-    _, assignment, figures = best
+            best = (tried[devices], assignment, figures, sharded)
+    _, assignment, figures, sharded = best
     stats.update(figures, devices_tried=tried)
     devices = sum(s.mesh.num_devices for s in assignment.stages)
     return dataclasses.replace(
-        assignment, runs_on=None if devices == cluster.num_devices else cluster.cut(devices))
+        assignment, runs_on=None if devices == cluster.num_devices else cluster.cut(devices),
+        solved=sharded, solved_with=(options.time_limit, ILP_GAP))
 
 
 def _mesh(text: str, cluster) -> LogicalMesh:

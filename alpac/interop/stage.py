@@ -40,6 +40,10 @@ class StageAssignment:
     # the plan leaves devices idle: the cluster cut to the ones it uses (`Cluster.cut`), which
     # the later passes price on (None: every device)
     runs_on: object | None = None
+    # the stages' ILPs where choosing them meant solving them (ShardedStages), and the
+    # (time limit, gap) they were solved with: the intra-op pass keeps them at those settings
+    solved: object | None = None
+    solved_with: tuple[float, float] | None = None
 
     @property
     def micro_batches(self) -> int:

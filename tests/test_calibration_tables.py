@@ -364,6 +364,42 @@ def test_kernels_are_the_ones_xla_runs_a_cheap_shared_op_made_again_in_each():
     assert len(ran) == len(kernels), entry
 
 
+
+SHARED_TWICE = """HloModule m
+ENTRY e {
+  p = f32[256,256] parameter(0)
+  q = f32[256,256] parameter(1)
+  b = f32[256,256] add(p, q)
+  b1 = f32[256,256] multiply(b, p)
+  b2 = f32[256,256] subtract(b, q)
+  k1 = f32[256,256] add(b1, q)
+  k2 = f32[256,256] multiply(b1, p)
+  k3 = f32[256,256] maximum(b2, p)
+  k4 = f32[256,256] minimum(b2, q)
+  ROOT t = (f32[256,256], f32[256,256], f32[256,256], f32[256,256]) tuple(k1, k2, k3, k4)
+}
+"""
+
+
+def test_a_cheap_op_is_read_in_every_kernel_its_duplicated_users_are_made_in():
+    """b's two users are each made again in two kernels, so b is made in all four, as in
+    the module XLA compiles: its operands are read four times, its users' twice."""
+    import re
+
+    from alpac.analysis.costs import CostTable
+    from alpac.analysis.fusion import kernel_shares
+    from alpac.hlo import parse_hlo
+    from alpac.xla.bridge import compile_hlo, cpu_devices
+    module = parse_hlo(SHARED_TWICE)
+    shares = {i.name: s for i, s in kernel_shares(module.entry, CostTable(module)).items()}
+    array = 256 * 256 * 4
+    assert {s.root.name for s in shares.values()} >= {"k1", "k2", "k3", "k4"}
+    assert shares["b"].own == 4 * 2 * array
+    assert shares["b1"].own == shares["b2"].own == 2 * array  # p (or q); b is inside
+    compiled = compile_hlo(SHARED_TWICE, cpu_devices(1)).compiled_text()
+    entry = compiled[compiled.index("\nENTRY"):]
+    assert len(re.findall(r"= \S+ (?!parameter|constant|tuple)([a-z-]+)\(", entry)) == 4
+
 SHARED = CLUSTER + "  concurrency: [[1, 1.0e-3], [2, 2.0e-3], [4, 4.0e-3]]\n"
 
 

@@ -42,15 +42,15 @@ def kernel_shares(comp: Computation, costs: CostTable) -> dict[Instruction, Kern
     again = {x for x in comp.instructions if x.opcode in GENERATORS and users[x] and
              all(u.opcode in fusible for u in users[x])}
     root: dict[Instruction, Instruction] = {}
-    copies: dict[Instruction, int] = {}  # the kernels an instruction is made in
+    made_in: dict[Instruction, frozenset] = {}  # the kernels (their roots) it is made in
     for instr in reversed(comp.instructions):  # users come after their operands
         outs = users[instr]
         fused = instr.opcode in LOOP_FUSIBLE and bool(outs) and \
             all(u in root and u.opcode in fusible for u in outs) and \
             (len(outs) == 1 or not _expensive(instr))
         root[instr] = root[outs[0]] if fused else instr
-        copies[instr] = (copies[outs[0]] if len(outs) == 1 else
-                         len({root[u] for u in outs})) if fused else 1
+        made_in[instr] = frozenset().union(*(made_in[u] for u in outs)) if fused else \
+            frozenset((instr,))
     own: dict[Instruction, float] = {}
     for instr in comp.instructions:
         if instr not in costs or instr.opcode in CONTRACTIONS:
@@ -62,9 +62,9 @@ def kernel_shares(comp: Computation, costs: CostTable) -> dict[Instruction, Kern
         operand_bytes = [op.shape.byte_size for op in instr.operands]
         outside = sum(_made_from(op) if op in again else b
                       for op, b in zip(instr.operands, operand_bytes)
-                      if op in again or root.get(op) is not root[instr])
+                      if op in again or root[instr] not in made_in.get(op, ()))
         total = sum(operand_bytes)
-        read = cost.bytes_read * (outside / total if total else 1.0) * copies[instr]
+        read = cost.bytes_read * (outside / total if total else 1.0) * len(made_in[instr])
         own[instr] = read + (cost.bytes_written if root[instr] is instr else 0.0)
     kernel: dict[Instruction, float] = {}
     for instr, b in own.items():

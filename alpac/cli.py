@@ -286,6 +286,8 @@ def _recorded_spec(plan: dict) -> str:
               "the drift (measured / recorded) per table; exit 1 past --tolerance.")
 @click.option("--tolerance", default=0.5, show_default=True, type=click.FloatRange(min=0),
               help="Drift --check allows either way (0.5: from 1/1.5 to 1.5 times).")
+@click.option("--report", type=click.Path(path_type=Path),
+              help="With --check: write the drift per table to this JSON file.")
 @click.option("--quick", is_flag=True, help="A few sizes of each table (for tests: < 1 min).")
 @click.option("--devices-per-rank", type=click.IntRange(min=1), help="Devices each rank drives, "
               "as in alpa-run (default 1; with --check, the file's devices_per_node).")
@@ -299,7 +301,7 @@ def _recorded_spec(plan: dict) -> str:
 @click.argument("mpi_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def calibrate(ctx: click.Context, output: Path | None, check_path: Path | None,
-              tolerance: float, quick: bool, devices_per_rank: int | None, name: str | None,
+              tolerance: float, report: Path | None, quick: bool, devices_per_rank: int | None, name: str | None,
               mpiexec: Path | None, timeout: float, platform: str,
               mpi_args: tuple[str, ...]) -> None:
     """Measure this machine's devices and links into a cluster file, launched like alpa-run:
@@ -307,11 +309,14 @@ def calibrate(ctx: click.Context, output: Path | None, check_path: Path | None,
     import subprocess
     if (output is None) == (check_path is None):
         raise UserError("give either -o FILE (measure and write) or --check FILE (compare)")
+    if report and not check_path:
+        raise UserError("--report is the drift report of --check FILE")
     options = {"output": str(output) if output else None,
                "check": str(check_path) if check_path else None, "tolerance": tolerance,
                "quick": quick, "devices_per_rank": devices_per_rank, "name": name,
                "mpiexec": str(mpiexec) if mpiexec else None, "timeout": timeout,
-               "platform": platform, "debug": bool(ctx.obj and ctx.obj.get("debug"))}
+               "platform": platform, "debug": bool(ctx.obj and ctx.obj.get("debug")),
+               "report": str(report) if report else None}
     # the runtime measures, in a process of its own: the compiler never imports it
     sys.exit(subprocess.call([sys.executable, "-m", "alpac.runtime.calibrate",
                               json.dumps(options), *mpi_args]))

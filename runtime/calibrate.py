@@ -50,6 +50,7 @@ class Options:
     timeout: float = 300.0
     platform: str = "auto"
     debug: bool = False
+    report: str | None = None  # with check: the drift per table as JSON
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -77,8 +78,9 @@ def calibrate(opts: Options, mpi_args: list[str]) -> int:
         n, k = _topology(opts, n, recorded)
     except (ValueError, UserError) as e:
         return fail_usage(str(e))
-    if opts.output and not Path(opts.output).resolve().parent.is_dir():
-        return fail_usage(f"{opts.output}: its directory does not exist")
+    for path in (opts.output, opts.report):
+        if path and not Path(path).resolve().parent.is_dir():
+            return fail_usage(f"{path}: its directory does not exist")
     mpiexec = opts.mpiexec or find_mpiexec()
     if not mpiexec or not Path(mpiexec).exists() and not shutil.which(mpiexec):
         return fail_usage("no mpiexec found (install the mpich package or pass --mpiexec)")
@@ -102,7 +104,7 @@ def calibrate(opts: Options, mpi_args: list[str]) -> int:
                              json.loads((work / f"{phase}.json").read_text())["seconds"].items()})
         seconds = [by_index[i] for i in range(len(points))]
         if samples:
-            return report_drift(samples, seconds, opts.tolerance)
+            return report_drift(samples, seconds, opts.tolerance, opts.report)
         info = json.loads((work / "local.json").read_text())["info"]
         return write_calibrated(opts, n, k, points, seconds, info, time.time() - start)
     finally:
@@ -457,9 +459,11 @@ def sample(cal: dict, n: int, k: int) -> list[Sample]:
     return out
 
 
-def report_drift(samples: list[Sample], seconds: list[float], tolerance: float) -> int:
+def report_drift(samples: list[Sample], seconds: list[float], tolerance: float,
+                 report: str | None = None) -> int:
     """Per table, measured / recorded (the median over its sampled rows, each scaled to the
-    recorded size); exit 1 if one is off by more than the tolerance either way."""
+    recorded size), shown and, with `report`, written as JSON; exit 1 if one is off by more
+    than the tolerance either way."""
     from rich.console import Console
     from rich.table import Table
     ratios: dict[tuple, list[float]] = {}
@@ -471,14 +475,18 @@ def report_drift(samples: list[Sample], seconds: list[float], tolerance: float) 
                  show_edge=False)
     for col in ("table", "rows", "drift", "range", ""):
         view.add_column(col, justify="left" if col in ("table", "") else "right")
-    over = []
+    over, drifts = [], {}
     for table, rs in ratios.items():
         drift = statistics.median(rs)
         bad = not 1 / (1 + tolerance) <= drift <= 1 + tolerance
         over += [f"{'.'.join(table)} {drift:.2f}x"] if bad else []
         view.add_row(".".join(table), str(len(rs)), f"{drift:.2f}",
                      f"{min(rs):.2f}-{max(rs):.2f}", "[red]over" if bad else "ok")
+        drifts[".".join(table)] = {"rows": len(rs), "drift": drift, "min": min(rs),
+                                   "max": max(rs), "within_tolerance": not bad}
     Console(highlight=False).print(view)
+    if report:
+        write_json(Path(report), {"tolerance": tolerance, "tables": drifts})
     if over:
         print(f"alpac: check failed: {len(over)} of {len(ratios)} tables drifted by more than "
               f"{tolerance:.0%}: {', '.join(over[:6])}{', ...' if len(over) > 6 else ''}",

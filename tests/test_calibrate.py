@@ -11,6 +11,7 @@ back on an idle machine, a scheduler tick of 4 ms under load; both seen while wr
 
 from __future__ import annotations
 
+import json
 import textwrap
 
 import pytest
@@ -88,9 +89,13 @@ def test_quick_calibration_loads_and_is_complete(calibrated):
     assert alone.elementwise(1e6) < cluster.calibration.elementwise(1e6)
 
 
-def test_check_of_a_fresh_calibration_passes(calibrated):
-    result = run("calibrate", "--check", calibrated, "--tolerance", "99", "--", "np", "2")
+def test_check_of_a_fresh_calibration_passes(calibrated, tmp_path):
+    result = run("calibrate", "--check", calibrated, "--tolerance", "99", "--report",
+                 tmp_path / "drift.json", "--", "np", "2")
     assert result.returncode == 0, result.stderr + result.stdout
+    drift = json.loads((tmp_path / "drift.json").read_text())
+    assert drift["tolerance"] == 99 and all(t["within_tolerance"] and t["min"] <= t["drift"]
+                                            <= t["max"] for t in drift["tables"].values())
     cal = yaml.safe_load(calibrated.read_text())["calibration"]
     scalars = sum(name in cal for name in SCALARS)  # a zero figure is left out of the file
     # 2 dot, elementwise, reduce, 10 collectives, 2 send, concurrency, 3 alone tables
@@ -113,10 +118,13 @@ def test_check_fails_on_drift(tmp_path):
           dot:
             f32: [[65536, 1.0e-9], [4194304, 1.0e-8]]
         """))
-    result = run("calibrate", "--check", path)
+    result = run("calibrate", "--check", path, "--report", tmp_path / "drift.json")
     assert_one_line_error(result, "check failed: 2 of 2 tables drifted by more than 50%",
                           "dot.f32", code=1)
     assert "launch_s" in result.stdout
+    tables = json.loads((tmp_path / "drift.json").read_text())["tables"]
+    assert sorted(tables) == ["dot.f32", "launch_s"]
+    assert tables["dot.f32"]["drift"] > 1.5 and not tables["dot.f32"]["within_tolerance"]
 
 
 def test_usage_errors(tmp_path, calibrated):
@@ -127,6 +135,10 @@ def test_usage_errors(tmp_path, calibrated):
                           "measured with 2 ranks x 2 devices, not 3 x 2")
     assert_one_line_error(run("calibrate", "--check", tmp_path / "missing.yaml"),
                           "no such file")
+    assert_one_line_error(run("calibrate", "-o", tmp_path / "c.yaml", "--report",
+                              tmp_path / "drift.json"), "--report is the drift report")
+    assert_one_line_error(run("calibrate", "--check", calibrated, "--report",
+                              tmp_path / "no" / "drift.json"), "its directory does not exist")
 
 
 def test_tables_never_fall_with_size_and_shrug_off_one_fast_timing():

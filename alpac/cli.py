@@ -301,9 +301,9 @@ def _recorded_spec(plan: dict) -> str:
 @click.argument("mpi_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def calibrate(ctx: click.Context, output: Path | None, check_path: Path | None,
-              tolerance: float, report: Path | None, quick: bool, devices_per_rank: int | None, name: str | None,
-              mpiexec: Path | None, timeout: float, platform: str,
-              mpi_args: tuple[str, ...]) -> None:
+              tolerance: float, report: Path | None, quick: bool,
+              devices_per_rank: int | None, name: str | None, mpiexec: Path | None,
+              timeout: float, platform: str, mpi_args: tuple[str, ...]) -> None:
     """Measure this machine's devices and links into a cluster file, launched like alpa-run:
     alpac calibrate [--devices-per-rank K] -o cluster.yaml -- np N."""
     import subprocess

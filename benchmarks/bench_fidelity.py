@@ -87,14 +87,15 @@ def machine_drift(cluster: Path, ranks: int, k: int) -> str:
     """How far the machine moved from the cluster file while the plans ran: a few tables
     measured again right after (`alpac calibrate --check --quick`), measured / recorded. On
     this machine two files calibrated 30 minutes apart read dots 1.3x apart."""
-    report = cluster.with_name(cluster.stem + ".drift.json")
-    report.unlink(missing_ok=True)
-    done = subprocess.run([str(BIN / "alpac"), "calibrate", "--check", str(cluster), "--quick",
-                           "--report", str(report), "--devices-per-rank", str(k), "--", "np",
-                           str(ranks)], capture_output=True, text=True)  # exit 1: drifted
-    if not report.exists():
-        return f"The check after the runs failed ({done.stderr.strip()[-200:]}). "
-    found = json.loads(report.read_text())["tables"]
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "drift.json"
+        done = subprocess.run([str(BIN / "alpac"), "calibrate", "--check", str(cluster),
+                               "--quick", "--report", str(report), "--devices-per-rank",
+                               str(k), "--", "np", str(ranks)],
+                              capture_output=True, text=True)  # exit 1: a table drifted
+        if not report.exists():
+            return f"The check after the runs failed ({done.stderr.strip()[-200:]}). "
+        found = json.loads(report.read_text())["tables"]
     return ("Measured again after the runs (`alpac calibrate --check --quick`), measured / "
             "recorded: " + ", ".join(f"{t} {found[t]['drift']:.2f}" for t in DRIFTED
                                      if t in found) + ". ")

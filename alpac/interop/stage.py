@@ -42,7 +42,7 @@ class StageAssignment:
     runs_on: object | None = None
     # the stages' ILPs where choosing them meant solving them (ShardedStages), and the
     # (time limit, gap) they were solved with: the intra-op pass keeps them at those settings
-    solved: object | None = None
+    solved: ShardedStages | None = None
     solved_with: tuple[float, float] | None = None
 
     @property

@@ -160,7 +160,6 @@ def test_each_array_a_module_returns_or_a_step_feeds_is_priced(tmp_path):
     assert sum(s["estimate"]["feed_s"]["per_microbatch"] for s in plan["stages"]) > 0
 
 
-
 def test_an_input_copied_from_the_host_and_a_value_freed_are_priced_as_measured(tmp_path):
     """With the calibration's `feed_s` and `free_s`: an input alpa-run copies from the host
     each microbatch (a batch input) costs `feed_s`, one carried from the step before (an
@@ -314,6 +313,17 @@ def test_a_broadcast_two_kernels_use_is_made_again_in_each():
     assert totals[0] == totals[1] == 2 * (2 * 512 * 512 * 4 + 4)
 
 
+def xla_kernels(text: str) -> list[str]:
+    """The opcodes of the kernels XLA's compiled module (one CPU device) runs: its entry's
+    instructions, less parameters, constants and tuples."""
+    import re
+
+    from alpac.xla.bridge import compile_hlo, cpu_devices
+    compiled = compile_hlo(text, cpu_devices(1)).compiled_text()
+    entry = compiled[compiled.index("\nENTRY"):]
+    return re.findall(r"= \S+ (?!parameter|constant|tuple)([a-z-]+)\(", entry)
+
+
 SHARED_PRODUCERS = """HloModule m
 sum {
   x = f32[] parameter(0)
@@ -345,12 +355,9 @@ def test_kernels_are_the_ones_xla_runs_a_cheap_shared_op_made_again_in_each():
     two read is a kernel of its own, and each reduction runs its operand's op inside it:
     seven kernels, as many as the module XLA compiles runs, with the add's operands read
     by both of its kernels."""
-    import re
-
     from alpac.analysis.costs import CostTable
     from alpac.analysis.fusion import kernel_shares
     from alpac.hlo import parse_hlo
-    from alpac.xla.bridge import compile_hlo, cpu_devices
     module = parse_hlo(SHARED_PRODUCERS)
     shares = {i.name: s for i, s in kernel_shares(module.entry, CostTable(module)).items()}
     kernels = {s.root.name for s in shares.values()
@@ -358,11 +365,7 @@ def test_kernels_are_the_ones_xla_runs_a_cheap_shared_op_made_again_in_each():
     assert kernels == {"x", "y", "e", "u", "v", "rows", "cols"}
     assert shares["a"].root.name in ("x", "y") and shares["a"].own == 2 * 2 * 256 * 256 * 4
     assert shares["e"].root.name == "e"
-    compiled = compile_hlo(SHARED_PRODUCERS, cpu_devices(1)).compiled_text()
-    entry = compiled[compiled.index("\nENTRY"):]
-    ran = re.findall(r"= \S+ (?!parameter|constant|tuple)([a-z-]+)\(", entry)
-    assert len(ran) == len(kernels), entry
-
+    assert len(xla_kernels(SHARED_PRODUCERS)) == len(kernels)
 
 
 SHARED_TWICE = """HloModule m
@@ -384,21 +387,17 @@ ENTRY e {
 def test_a_cheap_op_is_read_in_every_kernel_its_duplicated_users_are_made_in():
     """b's two users are each made again in two kernels, so b is made in all four, as in
     the module XLA compiles: its operands are read four times, its users' twice."""
-    import re
-
     from alpac.analysis.costs import CostTable
     from alpac.analysis.fusion import kernel_shares
     from alpac.hlo import parse_hlo
-    from alpac.xla.bridge import compile_hlo, cpu_devices
     module = parse_hlo(SHARED_TWICE)
     shares = {i.name: s for i, s in kernel_shares(module.entry, CostTable(module)).items()}
     array = 256 * 256 * 4
     assert {s.root.name for s in shares.values()} >= {"k1", "k2", "k3", "k4"}
     assert shares["b"].own == 4 * 2 * array
     assert shares["b1"].own == shares["b2"].own == 2 * array  # p (or q); b is inside
-    compiled = compile_hlo(SHARED_TWICE, cpu_devices(1)).compiled_text()
-    entry = compiled[compiled.index("\nENTRY"):]
-    assert len(re.findall(r"= \S+ (?!parameter|constant|tuple)([a-z-]+)\(", entry)) == 4
+    assert len(xla_kernels(SHARED_TWICE)) == 4
+
 
 SHARED = CLUSTER + "  concurrency: [[1, 1.0e-3], [2, 2.0e-3], [4, 4.0e-3]]\n"
 
@@ -495,7 +494,6 @@ def test_the_automatic_plan_leaves_devices_idle_where_that_is_faster(tmp_path):
                                 str(tmp_path / "shared")], capture_output=True, text=True)
     assert "runs on 1 of the cluster's 4 devices, the rest idle" in \
         " ".join(explained.stdout.split())
-
 
 
 @pytest.mark.parametrize("plan_limit", [7.0, 9.0])
@@ -624,7 +622,6 @@ def test_the_host_s_cores_bound_a_step_whose_ranks_share_them(tmp_path):
     assert "bound by the host's cores: 2 ranks share 1 core(s)" in shown.stdout
     unbound = _two_stage_plan(tmp_path, "unbound", SHARED.replace("LAUNCH", "1.0e-4") + counts)
     assert unbound["estimate"]["iteration_time_s"] > unbound["estimate"]["host_cores_s"] > 0
-
 
 
 def test_a_rank_that_waits_pays_the_cpu_of_waking_its_launches_and_its_polling(tmp_path):

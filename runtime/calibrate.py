@@ -475,15 +475,16 @@ def report_drift(samples: list[Sample], seconds: list[float], tolerance: float,
                  show_edge=False)
     for col in ("table", "rows", "drift", "range", ""):
         view.add_column(col, justify="left" if col in ("table", "") else "right")
-    over, drifts = [], {}
+    drifts = {}
     for table, rs in ratios.items():
         drift = statistics.median(rs)
-        bad = not 1 / (1 + tolerance) <= drift <= 1 + tolerance
-        over += [f"{'.'.join(table)} {drift:.2f}x"] if bad else []
-        view.add_row(".".join(table), str(len(rs)), f"{drift:.2f}",
-                     f"{min(rs):.2f}-{max(rs):.2f}", "[red]over" if bad else "ok")
         drifts[".".join(table)] = {"rows": len(rs), "drift": drift, "min": min(rs),
-                                   "max": max(rs), "within_tolerance": not bad}
+                                   "max": max(rs), "within_tolerance":
+                                   1 / (1 + tolerance) <= drift <= 1 + tolerance}
+    for name, d in drifts.items():
+        view.add_row(name, str(d["rows"]), f"{d['drift']:.2f}", f"{d['min']:.2f}-{d['max']:.2f}",
+                     "ok" if d["within_tolerance"] else "[red]over")
+    over = [f"{name} {d['drift']:.2f}x" for name, d in drifts.items() if not d["within_tolerance"]]
     Console(highlight=False).print(view)
     if report:
         write_json(Path(report), {"tolerance": tolerance, "tables": drifts})

@@ -208,19 +208,15 @@ class Executor:
         exe = self.exes[mod.name]
         expected = self.param_shardings[mod.name]
         donated = exe.donated_parameters
-        args = []
-        for r in task.reads:
-            a = self.slots[r.key]
-            s = expected[r.param]
-            if not self.mover.equivalent(a.sharding, s, a.ndim):
-                a = self.mover.reshard(a, _text(s, a.ndim), task.mesh,
-                                       self.program.values[r.key[0]].dtype)
-                if r.last_use:
-                    self._store(r.key, a)
-            elif r.param in donated and not r.last_use:  # donated, but read again later
-                a = self.mover.reshard(a, _text(s, a.ndim), task.mesh,
-                                       self.program.values[r.key[0]].dtype, copy=True)
-            args.append(a)
+
+        def relaid(r, a, copy: bool):
+            a = self.mover.reshard(a, _text(expected[r.param], a.ndim), task.mesh,
+                                   self.program.values[r.key[0]].dtype, copy=copy)
+            if not copy and r.last_use:
+                self._store(r.key, a)
+            return a
+        args = handed_over(task.reads, self.slots, expected, donated, self.mover.equivalent,
+                           relaid)
         what = f"running {task.describe()} on mesh {task.mesh}"
         self.comm.watchdog.arm(what + " (its collectives wait for the mesh's other ranks)",
                                self.timeout)
@@ -321,6 +317,23 @@ class Executor:
             if id(a) not in keep and not a.is_deleted():
                 a.delete()
         return carried, sum(self.mover.bytes.values()) - before
+
+
+def handed_over(reads, slots: dict, expected: list, donated, same_layout, relaid) -> list:
+    """The arrays a module execution takes, as alpa-run hands them over: each read's array
+    from the rank's slots, laid out as the module expects (`same_layout`), or
+    `relaid(read, array, copy)`: laid out so (copy False), or copied where the module
+    donates an array that is read again later (copy True). `alpac calibrate` times this per
+    argument (`argument_s`)."""
+    args = []
+    for r in reads:
+        a = slots[r.key]
+        if not same_layout(a.sharding, expected[r.param], a.ndim):
+            a = relaid(r, a, False)
+        elif r.param in donated and not r.last_use:
+            a = relaid(r, a, True)
+        args.append(a)
+    return args
 
 
 def host_pieces(array, pos: int, m: int | None) -> list[tuple[int, int | None, tuple, np.ndarray]]:

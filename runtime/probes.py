@@ -96,7 +96,7 @@ class Rank:
         # `alone`'s launch on rank 0, once measured (0 on the other ranks, which kept step)
         self.launch_alone_s: float | None = None
         self._work_on: dict[tuple, float] = {}  # (mesh, count) -> its dots (_in_modules)
-        self._arrays: dict[str, float] = {}  # `_array_s`: array_s, array_alone_s
+        self._host: dict[str, float] = {}  # `_once`: the host's figures per array
 
     def _timed(self, run, ops: int = 1) -> float:
         """`per_op` of work every rank does at once, on all of its devices: the ranks start
@@ -111,7 +111,10 @@ class Rank:
             return self.launch()
         if kind == "array_s":
             return self._array_s(alone=False)
-        if kind in ("launch_alone_s", "array_alone_s", "launch_cpu_alone_s"):
+        if kind == "argument_s":
+            return self._argument_s(alone=False)
+        if kind in ("launch_alone_s", "array_alone_s", "argument_alone_s",
+                    "launch_cpu_alone_s"):
             return self.alone(kind)
         if kind == "launch_cpu_s":
             return self.launch_cpu()
@@ -214,21 +217,18 @@ class Rank:
         return self._timed(run)
 
     def alone(self, kind: str) -> float | None:
-        """`launch`, `arrays` or `launch_cpu` on rank 0's first device, every other device
-        idle (a plan on one device; the host's share of a plan on a few,
+        """`launch`, `arrays`, `arguments` or `launch_cpu` on rank 0's first device, every
+        other device idle (a plan on one device; the host's share of a plan on a few,
         `Calibration.host_seconds`). None on the other ranks, which keep step."""
-        timings = 2 if kind == "array_alone_s" else 1  # `_timed` calls of each
+        if kind in ("array_alone_s", "argument_alone_s"):
+            figure = (self._array_s if kind == "array_alone_s" else self._argument_s)(True)
+            return None if self.comm.rank else figure
         if self.comm.rank:
-            for _ in range(timings):
-                self._timed(lambda r: None)
+            self._timed(lambda r: None)
             if kind == "launch_alone_s":
                 self.launch_alone_s = 0.0
-            elif kind == "array_alone_s":
-                self._arrays[kind] = 0.0
             return None
         one = self.local[:1]
-        if kind == "array_alone_s":
-            return self._array_s(alone=True)
         if kind == "launch_cpu_alone_s":
             return self.launch_cpu(one)
         self.launch_alone_s = self.launch(one)
@@ -241,8 +241,7 @@ class Rank:
         ranks, which keep step."""
         if self.launch_alone_s is None:  # `memory` takes a module's launch off
             self.alone("launch_alone_s")
-        if "array_alone_s" not in self._arrays:  # and its returned arrays
-            self.alone("array_alone_s")
+        self._pair_s(alone=True)  # and its arrays
         if self.comm.rank:
             self._timed(lambda r: None)
             return None
@@ -251,26 +250,15 @@ class Rank:
         return self.memory(p.table[1], p.size, alone=True)
 
     def arrays(self, count: int = 64, devices=None) -> float:
-        """Beyond `launch`, each more array a module execution returns (the host's work per
-        result: its buffer, its jax array, waiting for it; an argument costs next to nothing
-        beside it, ~0.5 µs on this machine), from a module that returns `count` arrays in
-        place of the ones it took (aliased: no kernel runs), against one that returns two."""
-        from alpac.xla.bridge import compile_hlo, execute_unchecked, jax_parameter_shardings
+        """Beyond `launch`, each more array a module execution returns with the argument it
+        replaces (the host's work per result: its buffer, its jax array, waiting for it),
+        from a module that returns `count` arrays in place of the ones it took (aliased: no
+        kernel runs), against one that returns two."""
+        from alpac.xla.bridge import execute_unchecked
         devices = self.local if devices is None else devices
 
-        def module(n: int):
-            shape = f"f32[{len(devices)}]"
-            params = "\n".join(f"  p{i} = {shape} parameter({i})" for i in range(n))
-            alias = ", ".join(f"{{{i}}}: ({i}, {{}}, must-alias)" for i in range(n))
-            return compile_hlo(f"HloModule arrays{n}, input_output_alias={{ {alias} }}\n"
-                               f"ENTRY e {{\n{params}\n  ROOT t = ({', '.join([shape] * n)}) "
-                               f"tuple({', '.join(f'p{i}' for i in range(n))})\n}}\n",
-                               devices)
-
         def timed(n: int) -> float:
-            exe = module(n)
-            held = [self.jax.device_put(np.zeros(len(devices), np.float32), s)
-                    for s in jax_parameter_shardings(exe)]
+            exe, held = self._passing(n, n, devices)
 
             def run(r):
                 nonlocal held
@@ -280,6 +268,48 @@ class Rank:
                         a.block_until_ready()
             return self._timed(run)
         return max(timed(count) - timed(2), 0.0) / (count - 2)
+
+    def arguments(self, count: int = 64, devices=None) -> float:
+        """Beyond `launch`, each more argument a module execution takes, handed over as
+        alpa-run hands a task's arguments to its module (`handed_over`: found in the rank's
+        arrays, its layout checked against the one the module expects), from a module of
+        `count` arguments that returns two, against one of two. Here ~1.4 µs each, 0.8 of
+        them in the execution."""
+        from alpac.runtime.executor import handed_over
+        from alpac.runtime.timeline import Read
+        from alpac.runtime.transfers import SameLayout
+        from alpac.xla.bridge import execute_unchecked, jax_parameter_shardings
+        devices = self.local if devices is None else devices
+
+        def timed(n: int) -> float:
+            exe, held = self._passing(n, 2, devices)
+            expected, same_layout = jax_parameter_shardings(exe), SameLayout()
+            slots = {(f"p{i}", None, 0): a for i, a in enumerate(held)}
+            reads = [Read(i, key, 0, False) for i, key in enumerate(slots)]
+
+            def run(r):
+                for _ in range(r):
+                    args = handed_over(reads, slots, expected, (), same_layout, None)
+                    for read, a in zip(reads, execute_unchecked(exe, args)):  # in place
+                        slots[read.key] = a
+                        a.block_until_ready()
+            return self._timed(run)
+        return max(timed(count) - timed(2), 0.0) / (count - 2)
+
+    def _passing(self, n: int, returned: int, devices) -> tuple:
+        """A module that takes `n` small arrays and returns the first `returned` of them in
+        their place (aliased: no kernel runs), compiled by the XLA bridge, and its arguments
+        on `devices`."""
+        from alpac.xla.bridge import compile_hlo, jax_parameter_shardings
+        shape = f"f32[{len(devices)}]"
+        params = "\n".join(f"  p{i} = {shape} parameter({i})" for i in range(n))
+        alias = ", ".join(f"{{{i}}}: ({i}, {{}}, must-alias)" for i in range(returned))
+        exe = compile_hlo(f"HloModule passing{n}, input_output_alias={{ {alias} }}\n"
+                          f"ENTRY e {{\n{params}\n  ROOT t = ({', '.join([shape] * returned)}) "
+                          f"tuple({', '.join(f'p{i}' for i in range(returned))})\n}}\n",
+                          devices)
+        return exe, [self.jax.device_put(np.zeros(len(devices), np.float32), s)
+                     for s in jax_parameter_shardings(exe)]
 
     def while_others_busy(self, measure) -> float | None:
         """`measure()` on rank 0 while the other ranks keep their devices busy
@@ -367,15 +397,33 @@ class Rank:
             launch = self.launch_alone_s
         else:
             launch = self.launch() if self.launch_s is None else self.launch_s
-        host = launch + kernels * self._array_s(alone)
+        host = launch + kernels * self._pair_s(alone)
         return max(module - host, module / 2) / kernels  # noise never leaves nothing
 
+    def _once(self, key: str, alone: bool, measure) -> float:
+        """`measure(devices)` on the rank's devices, or on rank 0's first alone (the other
+        ranks keep step: two timings, as `arrays` and `arguments` take), measured once."""
+        if key not in self._host:
+            if alone and self.comm.rank:
+                for _ in range(2):
+                    self._timed(lambda r: None)
+                self._host[key] = 0.0
+            else:
+                self._host[key] = measure(devices=self.local[:1] if alone else None)
+        return self._host[key]
+
+    def _pair_s(self, alone: bool) -> float:
+        """`arrays`: an array returned and the argument it replaces."""
+        return self._once("pair_alone" if alone else "pair", alone, self.arrays)
+
+    def _argument_s(self, alone: bool) -> float:
+        return self._once("argument_alone" if alone else "argument", alone, self.arguments)
+
     def _array_s(self, alone: bool) -> float:
-        """`arrays`' figure for the rank's devices (or its first alone), measured once."""
-        key = "array_alone_s" if alone else "array_s"
-        if key not in self._arrays:
-            self._arrays[key] = self.arrays(devices=self.local[:1] if alone else None)
-        return self._arrays[key]
+        """An array returned, without the argument `arrays` takes for it (noise never leaves
+        less than half the pair)."""
+        pair = self._pair_s(alone)
+        return max(pair - self._argument_s(alone), pair / 2)
 
     def _kernels_module(self, kind: str, count: int, devices, shape: tuple[int, int]):
         """The module of `memory` (`kernels_hlo`), compiled by the XLA bridge, and its

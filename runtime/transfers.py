@@ -56,6 +56,23 @@ class Move:
     dtype: str
 
 
+class SameLayout:
+    """Whether two jax shardings lay an array out alike (memoized: the runtime asks the same
+    question about the same sharding objects every step, for every argument it hands over)."""
+
+    def __init__(self):
+        self._seen: dict[tuple, tuple] = {}
+
+    def __call__(self, a, b, ndim: int) -> bool:
+        if a is b:
+            return True
+        key = (id(a), id(b), ndim)
+        hit = self._seen.get(key)
+        if hit is None or hit[0] is not a or hit[1] is not b:
+            hit = self._seen[key] = (a, b, a.is_equivalent_to(b, ndim))
+        return hit[2]
+
+
 class Mover:
     def __init__(self, comm: Comm, meshes: list[list], rank_of_device: dict[int, int],
                  mesh_ids: list[list[int]], watchdog_timeout: float,
@@ -72,7 +89,7 @@ class Mover:
         self._receiving: dict[int, tuple] = {}  # move tag -> `_incoming`
         self._shardings: dict[tuple, object] = {}
         self._reshard_exes: dict[tuple, object] = {}
-        self._equiv: dict[tuple, tuple] = {}
+        self.equivalent = SameLayout()
         self._mailbox: dict[int, list[np.ndarray]] = {}
         self.bytes: dict[tuple[int, int], int] = {}  # (src mesh, dst mesh) -> bytes received
         self.forward_bytes = 0  # inside destination meshes (replicas without local all-gather)
@@ -105,17 +122,6 @@ class Mover:
                                  local_allgather=nbytes >= self.allgather_min_bytes)
             found = self._plans[key] = (rp, src, src_rank, dst_rank)
         return found
-
-    def equivalent(self, a, b, ndim: int) -> bool:
-        """Whether two jax shardings lay an array out alike (memoized: the runtime asks the
-        same question about the same sharding objects every step)."""
-        if a is b:
-            return True
-        key = (id(a), id(b), ndim)
-        hit = self._equiv.get(key)
-        if hit is None or hit[0] is not a or hit[1] is not b:
-            hit = self._equiv[key] = (a, b, a.is_equivalent_to(b, ndim))
-        return hit[2]
 
     # ---- inside a mesh -----------------------------------------------------------------
     def reshard(self, array, text: str, mesh: int, dtype: str, copy: bool = False):

@@ -60,6 +60,9 @@ def test_quick_calibration_loads_and_is_complete(calibrated):
     assert 0 < cal["array_s"] < cal["launch_s"]
     # the same on one device alone (the host's work of a plan on fewer devices)
     assert cal["launch_alone_s"] > 0 and cal.get("array_alone_s", 0) < cal["launch_alone_s"]
+    # an argument handed over costs less than a launch; with every device working more than
+    # on one alone (a jax array of a piece per device)
+    assert 0 < cal["argument_alone_s"] < cal["argument_s"] < cal["launch_s"]
     # feeding an input from the host copies it (more than handing a result back); deleting
     # an array costs the host less than that
     assert 0 < cal["free_s"] < cal["feed_s"] < cal["launch_s"] * 10
@@ -125,6 +128,41 @@ def test_check_fails_on_drift(tmp_path):
     tables = json.loads((tmp_path / "drift.json").read_text())["tables"]
     assert sorted(tables) == ["dot.f32", "launch_s"]
     assert tables["dot.f32"]["drift"] > 1.5 and not tables["dot.f32"]["within_tolerance"]
+
+
+GLOO_FILE = """\
+name: two-ranks
+nodes: 2
+devices_per_node: 1
+device: {name: cpu, memory: 1GiB, flops: {f32: 1e10}}
+links:
+  intra_node: {bandwidth: 1e10, latency: 1e-6}
+  inter_node: {bandwidth: 1e9, latency: 1e-5}
+calibration:
+  launch_s: 5.0e-5
+  collectives:
+    inter_node:
+      all-reduce:
+        2: [[1024, 5.0e-4]]
+"""
+
+
+@pytest.mark.parametrize("failures", [1, 2])
+def test_a_gloo_transport_failure_is_measured_once_more(tmp_path, failures):
+    """gloo's transport between ranks fails now and then (a socket write: "Gloo ... failed:
+    writev ...: Bad address"); the multi-rank phase is run once more, not twice."""
+    path = tmp_path / "two.yaml"
+    path.write_text(GLOO_FILE)
+    result = run("calibrate", "--check", path, "--tolerance", "99", "--", "np", "2",
+                 env={"ALPAC_TEST_GLOO_FAIL_RANK": "1",
+                      "ALPAC_TEST_GLOO_FAIL_TIMES": str(failures)})
+    assert result.stderr.count("measuring the inter phase once more") == 1, result.stderr
+    assert result.stderr.count("rank 1: RuntimeError: Gloo AllReduce failed") == failures
+    if failures == 1:
+        assert result.returncode == 0, result.stderr + result.stdout
+        assert "collectives.inter_node.all-reduce.2" in result.stdout
+    else:
+        assert result.returncode == 3 and "Traceback" not in result.stderr
 
 
 def test_usage_errors(tmp_path, calibrated):

@@ -160,6 +160,39 @@ def test_each_array_a_module_returns_or_a_step_feeds_is_priced(tmp_path):
     assert sum(s["estimate"]["feed_s"]["per_microbatch"] for s in plan["stages"]) > 0
 
 
+def test_each_argument_a_module_takes_is_priced_in_its_launch(tmp_path):
+    """With the calibration's `argument_s`, each module execution costs it per array it
+    takes (a pipeline's forward and backward modules per microbatch; the module zeroing a
+    stage's accumulators takes none), and an output carried into the next step's input is
+    priced as the array returned and the argument taken (`array_s` + `argument_s`); an input
+    copied from the host costs `feed_s`."""
+    text = CLUSTER.replace("  launch_s: LAUNCH\n", "  launch_s: LAUNCH\n  array_s: 2.0e-5\n"
+                           "  argument_s: 3.0e-6\n  feed_s: 3.0e-4\n")
+    plan = _two_stage_plan(tmp_path, "two", text)
+    program = plan["program"]
+    carried = {parameter for _, parameter in program["aliases"]}
+    for stage in plan["stages"]:
+        want = [0.0, 0.0]
+        for m in program["modules"]:
+            if m["stage"] == stage["index"]:
+                want[0 if m["role"] in ("forward", "backward") else 1] += \
+                    1e-4 + 2e-5 * len(m["outputs"]) + 3e-6 * len(m["parameters"])
+        zeroed = [a for a in program["accumulators"]
+                  if program["values"][a]["mesh"] == stage["index"]]
+        want[1] += 1e-4 + 2e-5 * len(zeroed)
+        got = stage["estimate"]["launch_s"]
+        assert [got["per_microbatch"], got["per_step"]] == pytest.approx(want)
+        want = [0.0, 0.0]
+        for i in program["inputs"]:
+            v = program["values"][i["value"]]
+            if v["mesh"] == stage["index"]:
+                from_host = i["batch_dim"] is not None or i["parameter"] not in carried
+                want[v["scope"] != "microbatch"] += 3e-4 if from_host else 2e-5 + 3e-6
+        got = stage["estimate"]["feed_s"]
+        assert [got["per_microbatch"], got["per_step"]] == pytest.approx(want)
+        assert want[1] > 0
+
+
 def test_an_input_copied_from_the_host_and_a_value_freed_are_priced_as_measured(tmp_path):
     """With the calibration's `feed_s` and `free_s`: an input alpa-run copies from the host
     each microbatch (a batch input) costs `feed_s`, one carried from the step before (an

@@ -24,7 +24,7 @@ one node's link at once (data parallelism across nodes beside tensor parallelism
 them), each is priced as one group carrying all their bytes (inside a node every device was
 in a group when measured). The tables hold work inside a module (measured repeated within
 one execution); launching a module is counted once per module execution instead, with each
-array it returns (`launch_seconds`), and each array a step feeds its modules likewise
+array it takes and returns (`launch_seconds`), and each array a step feeds its modules likewise
 (`feed_seconds`). They were measured with every device of the
 calibration working; where its `concurrency` table says devices share a host (virtual CPU
 devices), compute on a cluster cut to fewer devices (a plan that leaves the rest idle)
@@ -41,29 +41,30 @@ from alpac.plan.calibration import POLL_FIRST_S, between, polls
 from alpac.plan.mesh import LogicalMesh
 
 
-def launch_seconds(cluster, arrays: int = 0) -> float:
-    """Launching one module execution that returns `arrays` arrays: the host's work (0 unless
-    calibrated). Where devices share a host, a cluster cut to fewer devices pays less of it
-    (`Calibration.host_seconds`)."""
+def launch_seconds(cluster, arrays: int = 0, arguments: int = 0) -> float:
+    """Launching one module execution that takes `arguments` arrays and returns `arrays`: the
+    host's work (0 unless calibrated). Where devices share a host, a cluster cut to fewer
+    devices pays less of it (`Calibration.host_seconds`)."""
     calibration = cluster.calibration
     if calibration is None:
         return 0.0
-    return calibration.host_seconds(arrays, cluster.num_devices)
+    return calibration.host_seconds(arrays, cluster.num_devices, arguments)
 
 
 def feed_seconds(cluster, carried: bool) -> float:
     """alpa-run's host work for each array a step feeds its modules; 0 unless calibrated.
-    An output carried into the next step's input is priced as an array a module returns
-    (`launch_seconds` of one array without the launch): on this machine a one-device GPT step
-    spent 1.4 ms beside its module feeding and carrying 207 arrays, 6.8 µs each against 5.0
-    µs for an array a module returns with the other devices idle; on an H100 the same step
-    2.35 ms (11 µs each, against 13.7 µs). An array copied from the host (a microbatch of an
-    input) costs the calibration's `feed_s` where measured: in a two-stage MLP pipeline here
-    such a feed took 0.12 ms, a carried array 4 µs."""
+    An output carried into the next step's input is priced as an array a module returns and
+    the argument it is taken as (`launch_seconds` of one of each without the launch): on
+    this machine a one-device GPT step spent 1.4 ms beside its module feeding and carrying
+    207 arrays, 6.8 µs each against 5.0 µs for an array a module returns with the other
+    devices idle; on an H100 the same step 2.35 ms (11 µs each, against 13.7 µs). An array
+    copied from the host (a microbatch of an input) costs the calibration's `feed_s` where
+    measured: in a two-stage MLP pipeline here such a feed took 0.12 ms, a carried array 4
+    µs."""
     calibration = cluster.calibration
     if not carried and calibration is not None and calibration.feed_s:
         return calibration.feed_s
-    return launch_seconds(cluster, 1) - launch_seconds(cluster, 0)
+    return launch_seconds(cluster, 1, 1) - launch_seconds(cluster, 0)
 
 
 def free_seconds(cluster) -> float:

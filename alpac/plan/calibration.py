@@ -24,7 +24,7 @@ LINK_KINDS = ("intra_node", "inter_node")
 # one figure each (the field comments)
 SCALARS = ("launch_s", "flop_s", "transcendental_s", "array_s", "launch_alone_s",
            "array_alone_s", "feed_s", "free_s", "launch_cpu_s", "launch_cpu_alone_s",
-           "pause_cpu_s", "pause_s")
+           "pause_cpu_s", "pause_s", "argument_s", "argument_alone_s")
 # How alpa-run's ranks wait for a message (alpac.runtime.comm): polled, sleeping between two
 # polls, the first sleep this long, each next one longer by this factor up to the longest.
 POLL_FIRST_S, POLL_GROWTH, POLL_LONGEST_S = 2e-5, 1.5, 1e-3
@@ -72,7 +72,7 @@ class Calibration:
     launch_s: float = 0.0  # launching one module execution and waiting for it
     flop_s: float = 0.0  # one elementwise arithmetic op on one element, in cache
     transcendental_s: float = 0.0  # one exp, log, sqrt, ... on one element, in cache
-    array_s: float = 0.0  # beyond launch_s, each array an execution returns
+    array_s: float = 0.0  # beyond launch_s, each array an execution returns (`host_seconds`)
     # the same two on one device of one rank, every other device idle (`host_seconds`)
     launch_alone_s: float = 0.0
     array_alone_s: float = 0.0
@@ -86,6 +86,10 @@ class Calibration:
     launch_cpu_alone_s: float = 0.0
     pause_cpu_s: float = 0.0  # CPU time of one of the polling's sleeps (POLL_FIRST_S long)
     pause_s: float = 0.0  # how long that sleep lasts
+    # beyond launch_s, each argument an execution takes as alpa-run hands it over; every
+    # device working, and on one alone (0 in files before it: their array_s has one in it)
+    argument_s: float = 0.0
+    argument_alone_s: float = 0.0
     dot: dict[str, Table] = field(default_factory=dict)  # element type -> FLOPs table
     elementwise: Table | None = None  # bytes read + written by a fused elementwise chain
     reduce: Table | None = None  # bytes read
@@ -119,18 +123,20 @@ class Calibration:
             return 1.0
         return min(1.0, table(busy) / table.seconds[-1])
 
-    def host_seconds(self, arrays: int, busy: int) -> float:
-        """Launching a module execution that returns `arrays` arrays with `busy` devices
-        working at once: measured with every device working and with one alone, in between
-        as the compute share goes (`toward_every`; without the one-alone figures, the compute share
-        of the every-device ones). The host's work does not speed up as devices' compute does:
-        on this machine a one-device GPT step's 206 arrays took 1.5 ms alone, 3.1 ms with all
-        8 devices working, and the compute share (6.3x) would have priced them at 0.49 ms."""
-        every = self.launch_s + self.array_s * arrays
+    def host_seconds(self, arrays: int, busy: int, arguments: int = 0) -> float:
+        """Launching a module execution that takes `arguments` arrays and returns `arrays`
+        with `busy` devices working at once: measured with every device working and with one
+        alone, in between as the compute share goes (`toward_every`; without the one-alone
+        figures, the compute share of the every-device ones). The host's work does not speed
+        up as devices' compute does: on this machine a one-device GPT step's 206 arrays took
+        1.5 ms alone, 3.1 ms with all 8 devices working, and the compute share (6.3x) would
+        have priced them at 0.49 ms."""
+        every = self.launch_s + self.array_s * arrays + self.argument_s * arguments
         if not self.launch_alone_s:
             return every * self.compute_share(busy)
-        return between(self.launch_alone_s + self.array_alone_s * arrays, every,
-                       self.toward_every(busy))
+        alone = self.launch_alone_s + self.array_alone_s * arrays + \
+            self.argument_alone_s * arguments
+        return between(alone, every, self.toward_every(busy))
 
     def toward_every(self, busy: int) -> float:
         """Where `busy` devices working at once lie between one alone (0) and every device

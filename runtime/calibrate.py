@@ -472,6 +472,8 @@ def _remeasure(table: tuple[str, ...], size: float, n: int, k: int) -> list[Poin
     g = int(table[3])
     if table[1] == "intra_node":
         group = (1, g) if g <= k else None
+    elif table[1] == "inter_node_shared":
+        group = (g, k) if g <= n and k > 1 else None
     else:
         group = (g, 1) if g <= n else (n, k) if k > 1 and g == n * k else None
     return [Point(table, collective_bytes(size, g), group, collective_phase(n))] \

@@ -88,12 +88,14 @@ def grid(nodes: int, k: int, quick: bool, gpu: bool = False) -> list[Point]:
     points += [Point(("reduce",), b) for b in arrays]
     groups = [("intra_node", (1, g)) for g in group_sizes(k)]
     groups += [("inter_node", (g, 1)) for g in group_sizes(nodes)]
-    groups += [("inter_node", (nodes, k))] if nodes > 1 and k > 1 and not quick else []
+    if nodes > 1 and k > 1 and not quick:  # all N·K devices; K groups of N ranks at once
+        groups += [("inter_node", (nodes, k)), ("inter_node_shared", (nodes, k))]
     phase = collective_phase(nodes)
     for link, (ranks, per) in groups:
         for kind in COLLECTIVES:
-            points += [Point(("collectives", link, kind, str(ranks * per)),
-                             collective_bytes(b, ranks * per), (ranks, per), phase)
+            g = ranks if link == "inter_node_shared" else ranks * per
+            points += [Point(("collectives", link, kind, str(g)), collective_bytes(b, g),
+                             (ranks, per), phase)
                        for b in messages
                        if phase == "local" or b <= ACROSS_MAX_BYTES["gpu" if gpu else "cpu"]]
     for link, present in (("intra_node", k > 1), ("inter_node", nodes > 1)):

@@ -134,10 +134,11 @@ class Rank:
             return self.memory(kind, p.size)
         if kind == "collectives":
             ranks, per = p.shape
-            across = p.table[1] == "inter_node"
+            across = p.table[1] != "intra_node"
             if across and self.comm.rank >= ranks:
                 return None
-            return self.collective(p.table[2], p.size, ranks, per, across)
+            return self.collective(p.table[2], p.size, ranks, per, across,
+                                   shared=p.table[1] == "inter_node_shared")
         if p.table[1] == "intra_node":
             return self.send_local(p.size)
         if self.comm.rank >= 2:
@@ -458,14 +459,19 @@ class Rank:
         return self._timed(lambda r: f(x, r).block_until_ready(), ops=UNROLL * ops * n)
 
     # ---- collectives and sends -----------------------------------------------------------
-    def collective(self, kind: str, nbytes: int, ranks: int, per: int, across: bool) -> float:
+    def collective(self, kind: str, nbytes: int, ranks: int, per: int, across: bool,
+                   shared: bool = False) -> float:
         """One collective of `nbytes` (the convention of the cost model) over a group of
         `per` devices on each of `ranks` ranks, repeated; inside a rank, every device of it
-        in groups of `per` at once."""
+        in groups of `per` at once; `shared`: `per` groups of `ranks` at once, one device of
+        each rank in each (the nodes' links shared)."""
         from jax.sharding import Mesh
         from jax.sharding import PartitionSpec as P
-        g = ranks * per
-        if across:
+        g = ranks if shared else ranks * per
+        if shared:
+            mesh = Mesh(np.array([[d for d in self.everywhere if d.process_index == r][:per]
+                                  for r in range(ranks)]).T, ("o", "i"))
+        elif across:
             devices = [d for d in self.everywhere if d.process_index < ranks][:g] if per > 1 \
                 else [self.everywhere[r * self.k] for r in range(ranks)]
             mesh = Mesh(np.array(devices).reshape(1, g), ("o", "i"))

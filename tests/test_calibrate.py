@@ -20,6 +20,7 @@ from test_cli import assert_one_line_error, run
 
 from alpac.plan.calibration import POLL_FIRST_S, SCALARS
 from alpac.plan.cluster import load_cluster
+from alpac.runtime.calibration_grid import grid
 
 KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 
@@ -128,6 +129,43 @@ def test_check_fails_on_drift(tmp_path):
     tables = json.loads((tmp_path / "drift.json").read_text())["tables"]
     assert sorted(tables) == ["dot.f32", "launch_s"]
     assert tables["dot.f32"]["drift"] > 1.5 and not tables["dot.f32"]["within_tolerance"]
+
+
+SHARED_FILE = """\
+name: shared-links
+nodes: 2
+devices_per_node: 2
+device: {name: cpu, memory: 1GiB, flops: {f32: 1e10}}
+links:
+  intra_node: {bandwidth: 1e10, latency: 1e-6}
+  inter_node: {bandwidth: 1e9, latency: 1e-5}
+calibration:
+  launch_s: 5.0e-5
+  collectives:
+    inter_node_shared:
+      all-reduce:
+        2: [[1024, 5.0e-4], [1048576, 1.0e-2]]
+      all-gather:
+        2: [[1024, 5.0e-4]]
+"""
+
+
+def test_groups_across_ranks_at_once_are_measured_and_checked(tmp_path):
+    """The full grid of several ranks of several devices measures each collective with a
+    group per device of each rank at once (`inter_node_shared`); `--check` measures such a
+    row again, on the devices it was measured with."""
+    full = grid(2, 2, quick=False)
+    shared = [p for p in full if p.table[:2] == ("collectives", "inter_node_shared")]
+    assert {p.table[2] for p in shared} == set(KINDS)
+    assert {(p.table[3], p.shape, p.phase) for p in shared} == {("2", (2, 2), "inter")}
+    assert not [p for p in grid(2, 2, quick=True) if "inter_node_shared" in p.table]
+    assert not [p for p in grid(2, 1, quick=False) if "inter_node_shared" in p.table]
+    path = tmp_path / "shared.yaml"
+    path.write_text(SHARED_FILE)
+    result = run("calibrate", "--check", path, "--tolerance", "99", "--", "np", "2")
+    assert result.returncode == 0, result.stderr + result.stdout
+    for table in ("all-reduce", "all-gather"):
+        assert f"collectives.inter_node_shared.{table}.2" in result.stdout
 
 
 GLOO_FILE = """\

@@ -51,6 +51,29 @@ def cluster(tmp_path, launch: float = 1e-4, text: str = CLUSTER):
     return path
 
 
+def test_groups_crossing_the_nodes_at_once_are_priced_as_measured_so(tmp_path):
+    """With an `inter_node_shared` table (a group per device of a node, all at once), a
+    mesh whose collective runs a group per device of each node across them is priced by it;
+    one whose collective runs fewer groups at once in between it and one group alone (a
+    power of the groups at once); one group alone by the one-group table."""
+    text = CLUSTER.replace("devices_per_node: 2", "devices_per_node: 4").replace(
+        "  send:\n", "    inter_node_shared:\n"
+        "      all-reduce: {2: [[1024, 4.0e-4], [1048576, 8.0e-3]]}\n  send:\n")
+    c = load_cluster(cluster(tmp_path, text=text))
+    every = CostModel(c, LogicalMesh((2, 4), tuple(range(8))))  # axis 0: 4 groups at once
+    two = CostModel(c, LogicalMesh((2, 2), (0, 1, 4, 5)))  # 2 groups at once
+    alone = CostModel(c, LogicalMesh((2,), (0, 4)))
+    assert every.collective("all-reduce", 1024, (0,)) == pytest.approx(4e-4)
+    assert every.collective("all-reduce", 1048576, (0,)) == pytest.approx(8e-3)
+    assert alone.collective("all-reduce", 1024, (0,)) == pytest.approx(1e-4)
+    assert two.collective("all-reduce", 1024, (0,)) == pytest.approx(math.sqrt(1e-4 * 4e-4))
+    # without the shared table: one group carrying every group's bytes
+    plain = CostModel(load_cluster(cluster(tmp_path, text=text.replace(
+        "inter_node_shared", "intra_node"))), LogicalMesh((2, 4), tuple(range(8))))
+    assert plain.collective("all-reduce", 1024, (0,)) == pytest.approx(
+        alone.collective("all-reduce", 4096, (0,)))
+
+
 def test_tables_interpolate_in_log_space_and_extrapolate_at_the_end_throughput():
     t = Table((1e3, 1e6), (1e-5, 1e-3))
     assert t(1e3) == pytest.approx(1e-5) and t(1e6) == pytest.approx(1e-3)

@@ -19,10 +19,14 @@ XLA's auto-sharding costs, nothing is rounded to integers.
 A calibrated cluster (`alpac calibrate`, alpac/plan/calibration.py) replaces these formulas by
 its measured tables where it has one: dots by FLOPs, elementwise work and reductions by bytes,
 each collective by link kind, group size and bytes, point-to-point sends by bytes. Across
-nodes a collective was measured one group at a time: where a mesh runs several groups across
-one node's link at once (data parallelism across nodes beside tensor parallelism inside
-them), each is priced as one group carrying all their bytes (inside a node every device was
-in a group when measured). The tables hold work inside a module (measured repeated within
+nodes a collective was measured one group at a time, and with a group per device of a node
+at once (`inter_node_shared`): where a mesh runs several groups across one node's link at
+once (data parallelism across nodes beside tensor parallelism inside them), each is priced
+by the second (fewer than a node's devices: in between, `Calibration.shared_seconds`), or,
+in files without it, as one group carrying all their bytes (inside a node every device was
+in a group when measured). On this machine 2 groups of 4 ranks at once took 1.3-1.5x that
+one group's price for 4-64 KiB, 4 groups of 2 ranks 2-2.5x
+(benchmarks/results/collective_forms*.md). The tables hold work inside a module (measured repeated within
 one execution); launching a module is counted once per module execution instead, with each
 array it takes and returns (`launch_seconds`), and each array a step feeds its modules likewise
 (`feed_seconds`). They were measured with every device of the
@@ -178,9 +182,15 @@ class CostModel:
         link, where, sharing = self._link(axes)
         calibration = self.cluster.calibration
         if calibration is not None:
-            carried = nbytes * max(sharing, 1)  # across nodes: every group's bytes at once
-            measured = calibration.collective_seconds(
-                where, kind, n, carried, lambda m: _ring(kind, carried, m, link))
+            measured = None
+            if sharing > 1:  # groups crossing the nodes at once, as measured so
+                measured = calibration.shared_seconds(
+                    kind, n, nbytes, sharing, self.cluster.devices_per_node,
+                    lambda m: _ring(kind, nbytes, m, link))
+            if measured is None:  # else as one group carrying every group's bytes
+                carried = nbytes * max(sharing, 1)
+                measured = calibration.collective_seconds(
+                    where, kind, n, carried, lambda m: _ring(kind, carried, m, link))
             if measured is not None:
                 return measured
         return _ring(kind, nbytes, n, link)

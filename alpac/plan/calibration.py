@@ -21,6 +21,9 @@ from dataclasses import dataclass, field, replace
 COLLECTIVE_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all",
                     "collective-permute")
 LINK_KINDS = ("intra_node", "inter_node")
+# the collective tables' links: inter_node_shared is groups across nodes, one per device of a
+# node, all at once (data parallelism across nodes beside tensor parallelism inside them)
+COLLECTIVE_LINKS = LINK_KINDS + ("inter_node_shared",)
 # one figure each (the field comments)
 SCALARS = ("launch_s", "flop_s", "transcendental_s", "array_s", "launch_alone_s",
            "array_alone_s", "feed_s", "free_s", "launch_cpu_s", "launch_cpu_alone_s",
@@ -179,6 +182,20 @@ class Calibration:
         near = min(by_group, key=lambda n: (abs(math.log(n / group)), n))
         return by_group[near](nbytes) * ring(group) / ring(near)
 
+    def shared_seconds(self, kind: str, group: int, nbytes: float, sharing: int,
+                       per_node: int, ring) -> float | None:
+        """A collective whose `sharing` groups of `group` cross the nodes' links at once,
+        each carrying `nbytes`: the `inter_node_shared` table (`per_node` groups at once,
+        one per device of a node) where `sharing` is all of them; fewer in between that and
+        one group alone, as a power of `sharing` (None without both tables)."""
+        every = self.collective_seconds("inter_node_shared", kind, group, nbytes, ring)
+        if every is None or sharing >= per_node:
+            return every
+        alone = self.collective_seconds("inter_node", kind, group, nbytes, ring)
+        if alone is None:
+            return None
+        return alone * (every / alone) ** (math.log(sharing) / math.log(per_node))
+
     def to_dict(self) -> dict:
         out: dict = {"source": self.source, "launch_s": self.launch_s}
         # launch_s always; the arithmetic figures where measured (files before them lack them)
@@ -238,7 +255,8 @@ def read_calibration(d, fail) -> Calibration:
     dot = {str(t): _table(rows, keys + ("dot", str(t)), fail)
            for t, rows in _mapping(d.get("dot", {}), keys + ("dot",), None, fail).items()}
     collectives = {}
-    for link, kinds in _mapping(d.get("collectives", {}), keys + ("collectives",), LINK_KINDS,
+    for link, kinds in _mapping(d.get("collectives", {}), keys + ("collectives",),
+                                COLLECTIVE_LINKS,
                                 fail).items():
         where = keys + ("collectives", link)
         collectives[link] = {

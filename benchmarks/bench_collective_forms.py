@@ -11,8 +11,8 @@ Under mpiexec (`--ranks R`, `--devices-per-rank K`), with multi-process jax as a
   ranks beside tensor parallelism inside them), which the cost model prices as one group
   carrying K times the bytes.
 
-Writes results/collective_forms.{md,json}. `python bench_collective_forms.py` (from
-benchmarks/; ~1 minute at 4 ranks x 2 devices on this machine)."""
+Writes results/collective_forms_<R>x<K>.{md,json}. `python bench_collective_forms.py` (from
+benchmarks/; under a minute at 4 ranks x 2 devices on this machine)."""
 
 from __future__ import annotations
 
@@ -123,7 +123,7 @@ def main() -> None:
     table = [{"bytes per device": f"{r['bytes']:,}",
               **{name: f"{r[name] * 1e3:.2f}" for name in list(r)[1:]}} for r in rows]
     r, k = args.ranks, args.devices_per_rank
-    write_results("collective_forms",
+    write_results(f"collective_forms_{r}x{k}",
                   f"All-reduce across {r} ranks x {k} devices, ms per collective, by form",
                   table,
                   f"Multi-process jax with gloo, as alpa-run runs. Columns: over all {r * k} "

@@ -36,7 +36,8 @@ def measure(k: int, rounds: int) -> list[dict] | None:
 
     from alpac.runtime.comm import Comm
     from alpac.runtime.probe_programs import collective_step
-    from alpac.runtime.probes import Rank, per_op
+    from alpac.runtime.probes import Rank
+    from alpac.runtime.timing import per_op
     from alpac.runtime.worker import Options, _init_jax, configure_devices
     comm = Comm(120)
     jax = _init_jax(comm, Options("", devices_per_rank=k, timeout=120),

@@ -8,6 +8,10 @@ from dataclasses import dataclass
 from alpac.plan.calibration import SCALARS
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+COMBINED = "combined-all-reduce"
+# an operand of a combined all-reduce is timed to this size (each execution moves
+# several of them twice: larger ones take seconds on a CPU); the table extrapolates
+COMBINED_MAX_BYTES = 256 << 10
 # the largest message under multi-process jax in the full grid: gloo on CPU takes seconds
 # per collective of 16 MiB (a 5-minute budget for 4 ranks on 2 cores); the tables
 # extrapolate past it
@@ -65,6 +69,13 @@ def collective_bytes(nbytes: float, group: int) -> int:
     return 4 * max(group, round(nbytes / 4 / group) * group)
 
 
+def _combined_here(link: str, ranks: int, nodes: int) -> bool:
+    """Whether a group is timed in the combined form too: where a step's gradients are
+    all-reduced (inside a rank, across all ranks; the other groups across fewer ranks take
+    the nearest one's figure, `Calibration.collective_seconds`)."""
+    return link == "intra_node" or ranks == nodes
+
+
 def grid(nodes: int, k: int, quick: bool, gpu: bool = False) -> list[Point]:
     """Every point of a calibration of `nodes` ranks of `k` devices. A GPU reaches its peak
     only on far larger work than a CPU core (a dot of side 4096, arrays of 100s of MB), so its
@@ -92,12 +103,13 @@ def grid(nodes: int, k: int, quick: bool, gpu: bool = False) -> list[Point]:
         groups += [("inter_node", (nodes, k)), ("inter_node_shared", (nodes, k))]
     phase = collective_phase(nodes)
     for link, (ranks, per) in groups:
-        for kind in COLLECTIVES:
+        for kind in COLLECTIVES + ((COMBINED,) if _combined_here(link, ranks, nodes) else ()):
             g = ranks if link == "inter_node_shared" else ranks * per
             points += [Point(("collectives", link, kind, str(g)), collective_bytes(b, g),
                              (ranks, per), phase)
-                       for b in messages
-                       if phase == "local" or b <= ACROSS_MAX_BYTES["gpu" if gpu else "cpu"]]
+                       for b in (messages[::2] if kind == COMBINED and not quick else messages)
+                       if phase == "local" or b <= ACROSS_MAX_BYTES["gpu" if gpu else "cpu"]
+                       if kind != COMBINED or b <= COMBINED_MAX_BYTES * (64 if gpu else 1)]
     for link, present in (("intra_node", k > 1), ("inter_node", nodes > 1)):
         points += [Point(("send", link), b) for b in messages] if present else []
     total = nodes * k

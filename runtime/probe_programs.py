@@ -9,6 +9,8 @@ import time
 
 import numpy as np
 
+from alpac.plan.calibration import COMBINED_OPERANDS
+
 SWEPT_BYTES = 8 << 20  # per device: more than a core's cache (4 MiB of L2 here)
 
 
@@ -47,13 +49,16 @@ def kernels_hlo(kind: str, count: int, d: int, rows: int, cols: int) -> str:
 def collective_step(kind: str, g: int):
     """One collective over mesh axis "i" of size g, shaped so that it can repeat: its result
     has its operand's shape (a slice or tile where the collective changes it)."""
+    import jax.numpy as jnp
     from jax import lax
     if kind == "all-reduce":
         return lambda y: lax.psum(y, "i") * (1.0 / g)
+    if kind == "combined-all-reduce":  # one all-reduce of COMBINED_OPERANDS pieces of y
+        return lambda y: jnp.concatenate(lax.psum(tuple(jnp.split(y, COMBINED_OPERANDS)),
+                                                  "i")) * (1.0 / g)
     if kind == "all-gather":
         return lambda y: lax.all_gather(y, "i", tiled=True)[: y.shape[0]]
     if kind == "reduce-scatter":
-        import jax.numpy as jnp
         return lambda y: jnp.tile(lax.psum_scatter(y, "i", tiled=True), g)
     if kind == "all-to-all":
         return lambda y: lax.all_to_all(y.reshape(g, -1), "i", 0, 0, tiled=True).reshape(-1)

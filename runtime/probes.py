@@ -3,7 +3,8 @@
 
 A point is one row of one table of cluster.yaml's `calibration:` section (a dot level has
 three shapes, whose median is the row). Every figure is the median of repeated timings after
-a warm-up; work shorter than `TARGET` seconds is repeated inside one execution (a while loop
+a warm-up (`alpac.runtime.timing`); work shorter than a few milliseconds is repeated inside
+one execution (a while loop
 whose trip count is an argument, so one compilation serves every count) and divided, so that
 the tables price the work itself and `launch_s` the launching of a module; collectives under
 multi-process jax are timed a few per execution instead, each after a dot, as a plan's module
@@ -18,62 +19,30 @@ its devices, and the ranks start each timing together (on CPU they share the cor
 timed alone would look several times faster than it runs). The `concurrency` table says by
 how much: one dot timed with 1, 2, 4, ... devices working at once, the plan that leaves
 devices idle is priced from it. Collectives across ranks and sends between ranks involve
-only the ranks in the group, rank 0 always among them.
+only the ranks in the group, rank 0 always among them. The host's work around a module
+execution (launching, arrays, feeding, freeing) is timed by `HostProbes`
+(`alpac.runtime.host_probes`).
 """
 
 from __future__ import annotations
 
 import statistics
-import time
 
 import numpy as np
 
-from alpac.plan.calibration import POLL_FIRST_S
+from alpac.plan.calibration import COMBINED_OPERANDS
 from alpac.runtime.calibration_grid import Point
-from alpac.runtime.probe_programs import collective_step, feeding, freeing, kernels_hlo
+from alpac.runtime.host_probes import HostProbes
+from alpac.runtime.probe_programs import collective_step, kernels_hlo
+from alpac.runtime.timing import per_op
 
-REPS = 5
 UNROLL = 8  # the dot and arithmetic work done per loop iteration
 # elementwise and reduce kernels: up to this many in one module, and to this many bytes
 STRAIGHT_KERNELS, STRAIGHT_BYTES = 16, 64 << 20
-TARGET = 4e-3  # seconds: shorter work is repeated inside one execution
-# Across ranks, a collective sometimes waits a scheduler tick for another process (gloo on
-# CPU: a small all-reduce takes 0.35 ms back to back, 4 ms now and then, more often with gaps
-# between them): longer and more timings, so that the median is the back-to-back cost.
-ACROSS_REPS, ACROSS_TARGET = 9, 50e-3
-IDLE = 1e-3  # seconds a rank sleeps before each launch of `launch_cpu`
-FREED = 16  # arrays `free` deletes after each module, as a task of a plan frees several
 IN_A_MODULE = 8  # collectives per execution under multi-process jax, to 1 MiB
-MAX_REPEAT = 512
 TAG_REPEAT = (1 << 28) + 16
 TAG_PING = (1 << 28) + 17
 TAG_RELEASE = (1 << 28) + 18
-
-
-# ---- timing --------------------------------------------------------------------------------
-
-def per_op(run, agree, ops: int = 1, sync=None) -> float:
-    """Seconds per operation of `run(r)`, which does `r * ops` operations and waits for them
-    (and may return the seconds they took as a float, when it does more than them). `agree(r)`
-    gives every rank taking part rank 0's repeat count, so that all run alike; the ranks warm
-    up with it. With `sync()` (work every rank does at once) each timing starts in
-    step with the other ranks; without (work across ranks, whose collectives wait for each
-    other) the timings are more and longer."""
-    def clock(repeat: int) -> float:
-        if sync is not None:
-            sync()
-        t0 = time.perf_counter()
-        took = run(repeat)
-        return took if isinstance(took, float) else time.perf_counter() - t0
-
-    run(1)  # compiles and warms up
-    once = [clock(1) for _ in range(3)]
-    target, reps = (TARGET, REPS) if sync is not None else (ACROSS_TARGET, ACROSS_REPS)
-    repeat = agree(max(1, min(MAX_REPEAT, int(target / max(min(once), 1e-7)))))
-    if repeat == 1:  # long work: the first timings count
-        return statistics.median(once + [clock(1) for _ in range(reps - 3)]) / ops
-    run(repeat)
-    return statistics.median(clock(repeat) for _ in range(reps)) / (repeat * ops)
 
 
 def _unrolled(step, x, times: int = UNROLL):
@@ -85,7 +54,7 @@ def _unrolled(step, x, times: int = UNROLL):
     return x
 
 
-class Rank:
+class Rank(HostProbes):
     """This rank's devices and communicator, and the programs that measure each table."""
 
     def __init__(self, comm, jax, k: int, distributed: bool):
@@ -164,77 +133,6 @@ class Rank:
         return self.jax.jit(lambda: tuple(jnp.full(shape, v, dtype) for v in values),
                             out_shardings=(NamedSharding(mesh, spec),) * len(values))()
 
-    def _tiny(self, devices=None):
-        """A tiny module on the rank's devices (or `devices`), compiled the way alpa-run
-        compiles a module (the XLA bridge), and its argument."""
-        from alpac.xla.bridge import compile_hlo, jax_parameter_shardings
-        exe = compile_hlo("HloModule tiny\nENTRY e {\n  p = f32[1] parameter(0)\n"
-                          "  c = f32[1] constant({1})\n  ROOT a = f32[1] add(p, c)\n}\n",
-                          self.local if devices is None else devices)
-        return exe, self.jax.device_put(np.zeros(1, np.float32),
-                                        jax_parameter_shardings(exe)[0])
-
-    def launch(self, devices=None) -> float:
-        """The tiny module (`_tiny`) executed and waited for, again and again."""
-        from alpac.xla.bridge import execute_unchecked
-        exe, x = self._tiny(devices)
-
-        def run(r):
-            for _ in range(r):
-                execute_unchecked(exe, [x])[0].block_until_ready()
-        seconds = self._timed(run)
-        if devices is None:
-            self.launch_s = seconds
-        return seconds
-
-    def launch_cpu(self, devices=None) -> float:
-        """CPU seconds, all of the process's threads, of the tiny module launched and waited
-        for after the rank slept `IDLE` seconds (as a pipeline's rank launches each module
-        after waiting for a message), the sleep's own CPU time taken off. Back to back a
-        launch on 2 CPU devices took 53 µs of CPU here, after a sleep 150-240 µs: the
-        devices' threads wake and spin again each time."""
-        from alpac.xla.bridge import execute_unchecked
-        exe, x = self._tiny(devices)
-
-        def run(r):
-            start = time.process_time()
-            for _ in range(r):
-                time.sleep(IDLE)
-                execute_unchecked(exe, [x])[0].block_until_ready()
-            launched = time.process_time()
-            for _ in range(r):
-                time.sleep(IDLE)
-            return max(2 * launched - start - time.process_time(), 1e-7)
-        return self._timed(run)
-
-    def pause(self, kind: str) -> float:
-        """One sleep of alpa-run's polling (POLL_FIRST_S asked): its CPU seconds
-        (`pause_cpu_s`) or how long it lasts (`pause_s`); here 15-25 µs of CPU and ~90 µs."""
-        def run(r):
-            start = time.process_time()
-            for _ in range(r):
-                time.sleep(POLL_FIRST_S)
-            return max(time.process_time() - start, 1e-7) if kind == "pause_cpu_s" else None
-        return self._timed(run)
-
-    def alone(self, kind: str) -> float | None:
-        """`launch`, `arrays`, `arguments` or `launch_cpu` on rank 0's first device, every
-        other device idle (a plan on one device; the host's share of a plan on a few,
-        `Calibration.host_seconds`). None on the other ranks, which keep step."""
-        if kind in ("array_alone_s", "argument_alone_s"):
-            figure = (self._array_s if kind == "array_alone_s" else self._argument_s)(True)
-            return None if self.comm.rank else figure
-        if self.comm.rank:
-            self._timed(lambda r: None)
-            if kind == "launch_alone_s":
-                self.launch_alone_s = 0.0
-            return None
-        one = self.local[:1]
-        if kind == "launch_cpu_alone_s":
-            return self.launch_cpu(one)
-        self.launch_alone_s = self.launch(one)
-        return self.launch_alone_s
-
     def compute_alone(self, p: Point) -> float | None:
         """A row of the f32 dot, elementwise or reduce table on rank 0's first device, every
         other device idle (`Calibration.alone`): virtual CPU devices share their host's cores,
@@ -249,89 +147,6 @@ class Rank:
         if p.table[1] == "dot":
             return self.dot("f32", *p.shape, devices=self.local[:1])
         return self.memory(p.table[1], p.size, alone=True)
-
-    def arrays(self, count: int = 64, devices=None) -> float:
-        """Beyond `launch`, each more array a module execution returns with the argument it
-        replaces (the host's work per result: its buffer, its jax array, waiting for it),
-        from a module that returns `count` arrays in place of the ones it took (aliased: no
-        kernel runs), against one that returns two."""
-        from alpac.xla.bridge import execute_unchecked
-        devices = self.local if devices is None else devices
-
-        def timed(n: int) -> float:
-            exe, held = self._passing(n, n, devices)
-
-            def run(r):
-                nonlocal held
-                for _ in range(r):
-                    held = execute_unchecked(exe, held)
-                    for a in held:
-                        a.block_until_ready()
-            return self._timed(run)
-        return max(timed(count) - timed(2), 0.0) / (count - 2)
-
-    def arguments(self, count: int = 64, devices=None) -> float:
-        """Beyond `launch`, each more argument a module execution takes, handed over as
-        alpa-run hands a task's arguments to its module (`handed_over`: found in the rank's
-        arrays, its layout checked against the one the module expects), from a module of
-        `count` arguments that returns two, against one of two. Here ~1.4 µs each, 0.8 of
-        them in the execution."""
-        from alpac.runtime.executor import handed_over
-        from alpac.runtime.timeline import Read
-        from alpac.runtime.transfers import SameLayout
-        from alpac.xla.bridge import execute_unchecked, jax_parameter_shardings
-        devices = self.local if devices is None else devices
-
-        def timed(n: int) -> float:
-            exe, held = self._passing(n, 2, devices)
-            expected, same_layout = jax_parameter_shardings(exe), SameLayout()
-            slots = {(f"p{i}", None, 0): a for i, a in enumerate(held)}
-            reads = [Read(i, key, 0, False) for i, key in enumerate(slots)]
-
-            def run(r):
-                for _ in range(r):
-                    args = handed_over(reads, slots, expected, (), same_layout, None)
-                    for read, a in zip(reads, execute_unchecked(exe, args)):  # in place
-                        slots[read.key] = a
-                        a.block_until_ready()
-            return self._timed(run)
-        return max(timed(count) - timed(2), 0.0) / (count - 2)
-
-    def _passing(self, n: int, returned: int, devices) -> tuple:
-        """A module that takes `n` small arrays and returns the first `returned` of them in
-        their place (aliased: no kernel runs), compiled by the XLA bridge, and its arguments
-        on `devices`."""
-        from alpac.xla.bridge import compile_hlo, jax_parameter_shardings
-        shape = f"f32[{len(devices)}]"
-        params = "\n".join(f"  p{i} = {shape} parameter({i})" for i in range(n))
-        alias = ", ".join(f"{{{i}}}: ({i}, {{}}, must-alias)" for i in range(returned))
-        exe = compile_hlo(f"HloModule passing{n}, input_output_alias={{ {alias} }}\n"
-                          f"ENTRY e {{\n{params}\n  ROOT t = ({', '.join([shape] * returned)}) "
-                          f"tuple({', '.join(f'p{i}' for i in range(returned))})\n}}\n",
-                          devices)
-        return exe, [self.jax.device_put(np.zeros(len(devices), np.float32), s)
-                     for s in jax_parameter_shardings(exe)]
-
-    def while_others_busy(self, measure) -> float | None:
-        """`measure()` on rank 0 while the other ranks keep their devices busy
-        (`busy_until_released`): alpa-run feeds and frees on one mesh while the other meshes
-        of a pipeline compute, and on a shared CPU that host work then waits for a core. Here
-        a feed measured 0.03-0.06 ms so (0.03 with the other rank idle); inside a two-stage
-        MLP pipeline, whose other rank runs larger modules, 0.12 ms."""
-        if self.comm.rank:
-            return self.busy_until_released()
-        try:
-            return measure()
-        finally:
-            self._release_busy(1)
-
-    def feed(self) -> float:
-        """Feeding one input from the host onto the rank's devices (`feeding`)."""
-        return per_op(feeding(self.jax, self.local), lambda r: r)
-
-    def free(self) -> float:
-        """Freeing one array as alpa-run frees a module's result (`freeing`)."""
-        return freeing(self.jax, self.local, FREED, rounds=24)
 
     def dot(self, dtype: str, m: int, k: int, n: int, devices=None) -> float:
         """[m,k]x[k,n] and back ([m,n]x[n,k]), repeated: two dots of 2mkn FLOPs each, on
@@ -401,31 +216,6 @@ class Rank:
         host = launch + kernels * self._pair_s(alone)
         return max(module - host, module / 2) / kernels  # noise never leaves nothing
 
-    def _once(self, key: str, alone: bool, measure) -> float:
-        """`measure(devices)` on the rank's devices, or on rank 0's first alone (the other
-        ranks keep step: two timings, as `arrays` and `arguments` take), measured once."""
-        if key not in self._host:
-            if alone and self.comm.rank:
-                for _ in range(2):
-                    self._timed(lambda r: None)
-                self._host[key] = 0.0
-            else:
-                self._host[key] = measure(devices=self.local[:1] if alone else None)
-        return self._host[key]
-
-    def _pair_s(self, alone: bool) -> float:
-        """`arrays`: an array returned and the argument it replaces."""
-        return self._once("pair_alone" if alone else "pair", alone, self.arrays)
-
-    def _argument_s(self, alone: bool) -> float:
-        return self._once("argument_alone" if alone else "argument", alone, self.arguments)
-
-    def _array_s(self, alone: bool) -> float:
-        """An array returned, without the argument `arrays` takes for it (noise never leaves
-        less than half the pair)."""
-        pair = self._pair_s(alone)
-        return max(pair - self._argument_s(alone), pair / 2)
-
     def _kernels_module(self, kind: str, count: int, devices, shape: tuple[int, int]):
         """The module of `memory` (`kernels_hlo`), compiled by the XLA bridge, and its
         arguments: `count` f32 arrays of `shape` per device, split over `devices`."""
@@ -479,7 +269,9 @@ class Rank:
             rows = self.k // g
             mesh = Mesh(np.array(self.local[:rows * g]).reshape(rows, g), ("o", "i"))
         step = collective_step(kind, g)
-        local = nbytes // 4 // (g if kind == "all-gather" else 1)
+        # all-gather: the bytes are the result's; combined: each operand's
+        pieces = COMBINED_OPERANDS if kind == "combined-all-reduce" else 1
+        local = nbytes // 4 // (g if kind == "all-gather" else 1) * pieces
         shape = (mesh.size * local,)
         x = self.jax.make_array_from_callback(
             shape, self.jax.sharding.NamedSharding(mesh, P(("o", "i"))),
@@ -488,14 +280,15 @@ class Rank:
             f = self.jax.jit(self.jax.shard_map(
                 lambda x, r: self.jax.lax.fori_loop(0, r, lambda i, y: step(y), x), mesh=mesh,
                 in_specs=(P(("o", "i")), P()), out_specs=P(("o", "i")), check_vma=False))
-            return self._timed(lambda r: f(x, r).block_until_ready())
-        count = IN_A_MODULE if nbytes <= 1 << 20 else 2  # a large one: bandwidth, not ticks
+            return self._timed(lambda r: f(x, r).block_until_ready()) / pieces
+        # a large one: bandwidth, not ticks (a combined one is several already)
+        count = IN_A_MODULE if nbytes <= 1 << 20 and pieces == 1 else 2
         if not across:
-            return self._in_modules(mesh, step, x, count, self._timed)
+            return self._in_modules(mesh, step, x, count, self._timed) / pieces
         self.comm.watchdog.arm(f"in a {kind} of {g} devices", self.comm.timeout)
         try:
             return self._in_modules(mesh, step, x, count,
-                                    lambda run: per_op(run, self._agree(ranks)))
+                                    lambda run: per_op(run, self._agree(ranks))) / pieces
         finally:
             self.comm.watchdog.disarm()
 

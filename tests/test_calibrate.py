@@ -77,6 +77,9 @@ def test_quick_calibration_loads_and_is_complete(calibrated):
                 "alone.reduce"}
     expected |= {f"collectives.intra_node.{kind}.2" for kind in KINDS}
     expected |= {f"collectives.inter_node.{kind}.2" for kind in KINDS}
+    # an operand of a combined all-reduce, inside a rank and across the ranks
+    expected |= {f"collectives.{link}.combined-all-reduce.2" for link in ("intra_node",
+                                                                         "inter_node")}
     assert set(found) == expected
     for name, rows in found.items():
         sizes, seconds = [r[0] for r in rows], [r[1] for r in rows]
@@ -102,8 +105,8 @@ def test_check_of_a_fresh_calibration_passes(calibrated, tmp_path):
                                             <= t["max"] for t in drift["tables"].values())
     cal = yaml.safe_load(calibrated.read_text())["calibration"]
     scalars = sum(name in cal for name in SCALARS)  # a zero figure is left out of the file
-    # 2 dot, elementwise, reduce, 10 collectives, 2 send, concurrency, 3 alone tables
-    assert f"calibration check passed: {20 + scalars} tables within 9900%" in result.stdout
+    # 2 dot, elementwise, reduce, 12 collectives, 2 send, concurrency, 3 alone tables
+    assert f"calibration check passed: {22 + scalars} tables within 9900%" in result.stdout
     assert "collectives.inter_node.all-to-all.2" in result.stdout
     assert "alone.elementwise" in result.stdout
 
@@ -156,8 +159,11 @@ def test_groups_across_ranks_at_once_are_measured_and_checked(tmp_path):
     row again, on the devices it was measured with."""
     full = grid(2, 2, quick=False)
     shared = [p for p in full if p.table[:2] == ("collectives", "inter_node_shared")]
-    assert {p.table[2] for p in shared} == set(KINDS)
+    assert {p.table[2] for p in shared} == set(KINDS) | {"combined-all-reduce"}
     assert {(p.table[3], p.shape, p.phase) for p in shared} == {("2", (2, 2), "inter")}
+    combined = [p for p in full if p.table[2:3] == ("combined-all-reduce",)]
+    assert {p.table[1] for p in combined} == {"intra_node", "inter_node", "inter_node_shared"}
+    assert max(p.size for p in combined) <= 256 << 10
     assert not [p for p in grid(2, 2, quick=True) if "inter_node_shared" in p.table]
     assert not [p for p in grid(2, 1, quick=False) if "inter_node_shared" in p.table]
     path = tmp_path / "shared.yaml"

@@ -179,10 +179,28 @@ class CostModel:
         n = self.group_size(axes)
         if n <= 1 or nbytes <= 0:
             return 0.0
+        measured = self._measured(kind, nbytes, axes)
+        return measured if measured is not None else _ring(kind, nbytes, n,
+                                                           self._link(axes)[0])
+
+    def combined_all_reduce(self, nbytes: float, axes: tuple[int, ...]) -> float:
+        """An all-reduce XLA combined with others into one instruction: its operand, as the
+        calibration's `combined-all-reduce` table prices it (alpac.intraop.combine); as an
+        all-reduce alone where not measured."""
+        axes = tuple(sorted(axes))
+        if self.group_size(axes) <= 1 or nbytes <= 0:
+            return 0.0
+        measured = self._measured("combined-all-reduce", nbytes, axes)
+        return measured if measured is not None else self.collective("all-reduce", nbytes,
+                                                                     axes)
+
+    def _measured(self, kind: str, nbytes: float, axes: tuple[int, ...]) -> float | None:
+        """`collective` from a calibrated cluster's tables (None without one for it)."""
+        n = self.group_size(axes)
         link, where, sharing = self._link(axes)
         calibration = self.cluster.calibration
+        measured = None
         if calibration is not None:
-            measured = None
             if sharing > 1:  # groups crossing the nodes at once, as measured so
                 measured = calibration.shared_seconds(
                     kind, n, nbytes, sharing, self.cluster.devices_per_node,
@@ -191,9 +209,7 @@ class CostModel:
                 carried = nbytes * max(sharing, 1)
                 measured = calibration.collective_seconds(
                     where, kind, n, carried, lambda m: _ring(kind, carried, m, link))
-            if measured is not None:
-                return measured
-        return _ring(kind, nbytes, n, link)
+        return measured
 
     @property
     def prices_kernels(self) -> bool:

@@ -83,7 +83,7 @@ def _stage_entry(done: ShardedStage, files: dict[str, str]) -> dict:
     files[decisions_file] = json.dumps(result.decisions(), indent=1, sort_keys=True) + "\n"
     sol = result.solution
     comm = result.communication_seconds()
-    seconds = sol.objective
+    seconds = result.seconds()
     return {
         "index": stage.index,
         "layers": list(stage.layers) if stage.layers else None,

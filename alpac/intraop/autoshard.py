@@ -20,6 +20,7 @@ from alpac.intraop.annotate import write_shardings
 from alpac.intraop.builder import Hint, ShardingGraph, build_graph, collectives_of, \
     strategy_seconds
 from alpac.intraop.collectives import reshard
+from alpac.intraop.combine import savings
 from alpac.intraop.ilp import solve
 from alpac.intraop.memory import StageMemory
 from alpac.intraop.problem import Solution
@@ -41,20 +42,30 @@ class ShardingResult:
 
     def collective_summary(self) -> dict[str, dict]:
         """kind -> {count, bytes, seconds} as they appear in the module (loop bodies once;
-        seconds count every execution). Each all-reduce is priced apart, as the ILP prices
-        it: XLA's combiner merges independent ones into one instruction, but XLA's CPU
-        runtime still runs each operand as a collective of its own (a combined all-reduce of
-        69 small operands took 354 ms across 2 ranks here, of one 4.5 ms; 13.3 against 0.36
-        ms inside one process), and a GPU has not been measured."""
+        seconds count every execution), the all-reduces XLA combines priced as combined
+        (`combined_savings`)."""
         out: dict[str, dict] = defaultdict(lambda: {"count": 0, "bytes": 0, "seconds": 0.0})
-        for _, c, mult in self.collectives:
+        saved = self.combined_savings()
+        for i, (_, c, mult) in enumerate(self.collectives):
             out[c.kind]["count"] += 1
             out[c.kind]["bytes"] += c.nbytes
-            out[c.kind]["seconds"] += mult * c.seconds(self.graph.model)
+            out[c.kind]["seconds"] += mult * c.seconds(self.graph.model) - saved.get(i, 0.0)
         return dict(sorted(out.items()))
 
     def communication_seconds(self) -> float:
         return sum(v["seconds"] for v in self.collective_summary().values())
+
+    def combined_savings(self, group=lambda name: None) -> dict[int, float]:
+        """Index into `collectives` -> what its all-reduce costs less than the ILP prices it,
+        where XLA combines it with others (alpac.intraop.combine; per `group` of
+        instructions: one module of a pipeline stage)."""
+        instructions = {instr.name: instr for instr in self.graph.plans}
+        return savings(self.collectives, instructions, group, self.graph.model)
+
+    def seconds(self) -> float:
+        """The stage's time as XLA runs it: the ILP's objective, the all-reduces XLA
+        combines priced as combined."""
+        return self.solution.objective - sum(self.combined_savings().values())
 
     def seconds_by(self, group) -> dict[str, float]:
         """The objective split by `group(instruction name) -> key`: each instruction's work and
@@ -76,6 +87,8 @@ class ShardingResult:
                     use.value.shape.dims, use.value.shape.element_bits, src, dst,
                     tuple(sg.mesh.shape)))
                 out[group(use.user.name)] += use.multiplier * seconds
+        for i, saved in self.combined_savings(group).items():
+            out[group(self.collectives[i][0])] -= saved
         return dict(out)
 
     def bytes_by(self, group) -> dict[str, float]:

@@ -18,8 +18,11 @@ import bisect
 import math
 from dataclasses import dataclass, field, replace
 
+# combined-all-reduce: one operand of an all-reduce of COMBINED_OPERANDS, as XLA's combiner
+# merges a step's independent all-reduces (the bytes are the operand's)
 COLLECTIVE_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all",
-                    "collective-permute")
+                    "collective-permute", "combined-all-reduce")
+COMBINED_OPERANDS = 8
 LINK_KINDS = ("intra_node", "inter_node")
 # the collective tables' links: inter_node_shared is groups across nodes, one per device of a
 # node, all at once (data parallelism across nodes beside tensor parallelism inside them)

@@ -69,11 +69,14 @@ def collective_bytes(nbytes: float, group: int) -> int:
     return 4 * max(group, round(nbytes / 4 / group) * group)
 
 
-def _combined_here(link: str, ranks: int, nodes: int) -> bool:
-    """Whether a group is timed in the combined form too: where a step's gradients are
-    all-reduced (inside a rank, across all ranks; the other groups across fewer ranks take
-    the nearest one's figure, `Calibration.collective_seconds`)."""
-    return link == "intra_node" or ranks == nodes
+def _kinds(link: str, ranks: int, nodes: int) -> tuple[str, ...]:
+    """The collectives a group is timed in: K groups at once across the ranks in those of
+    data parallelism (the others are priced as one group carrying their bytes); the combined
+    form where a step's gradients are all-reduced (inside a rank, across all ranks; groups
+    across fewer ranks take the nearest one's figure, `Calibration.collective_seconds`).
+    Each more kind costs the 4-rank calibration here ~20 s of its 5 minutes."""
+    kinds = COLLECTIVES[:3] if link == "inter_node_shared" else COLLECTIVES
+    return kinds + ((COMBINED,) if link == "intra_node" or ranks == nodes else ())
 
 
 def grid(nodes: int, k: int, quick: bool, gpu: bool = False) -> list[Point]:
@@ -103,7 +106,7 @@ def grid(nodes: int, k: int, quick: bool, gpu: bool = False) -> list[Point]:
         groups += [("inter_node", (nodes, k)), ("inter_node_shared", (nodes, k))]
     phase = collective_phase(nodes)
     for link, (ranks, per) in groups:
-        for kind in COLLECTIVES + ((COMBINED,) if _combined_here(link, ranks, nodes) else ()):
+        for kind in _kinds(link, ranks, nodes):
             g = ranks if link == "inter_node_shared" else ranks * per
             points += [Point(("collectives", link, kind, str(g)), collective_bytes(b, g),
                              (ranks, per), phase)

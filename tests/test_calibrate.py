@@ -134,23 +134,21 @@ def test_check_fails_on_drift(tmp_path):
     assert tables["dot.f32"]["drift"] > 1.5 and not tables["dot.f32"]["within_tolerance"]
 
 
-SHARED_FILE = """\
-name: shared-links
-nodes: 2
-devices_per_node: 2
-device: {name: cpu, memory: 1GiB, flops: {f32: 1e10}}
-links:
-  intra_node: {bandwidth: 1e10, latency: 1e-6}
-  inter_node: {bandwidth: 1e9, latency: 1e-5}
-calibration:
-  launch_s: 5.0e-5
-  collectives:
-    inter_node_shared:
-      all-reduce:
-        2: [[1024, 5.0e-4], [1048576, 1.0e-2]]
-      all-gather:
-        2: [[1024, 5.0e-4]]
-"""
+def two_ranks(devices: int, collectives: str) -> str:
+    """A recorded file of 2 ranks of `devices` devices whose calibration has a launch and
+    these collective tables (YAML under `collectives:`, indented 4)."""
+    return textwrap.dedent(f"""\
+        name: two-ranks
+        nodes: 2
+        devices_per_node: {devices}
+        device: {{name: cpu, memory: 1GiB, flops: {{f32: 1e10}}}}
+        links:
+          intra_node: {{bandwidth: 1e10, latency: 1e-6}}
+          inter_node: {{bandwidth: 1e9, latency: 1e-5}}
+        calibration:
+          launch_s: 5.0e-5
+          collectives:
+        """) + collectives
 
 
 def test_groups_across_ranks_at_once_are_measured_and_checked(tmp_path):
@@ -168,28 +166,13 @@ def test_groups_across_ranks_at_once_are_measured_and_checked(tmp_path):
     assert not [p for p in grid(2, 2, quick=True) if "inter_node_shared" in p.table]
     assert not [p for p in grid(2, 1, quick=False) if "inter_node_shared" in p.table]
     path = tmp_path / "shared.yaml"
-    path.write_text(SHARED_FILE)
+    path.write_text(two_ranks(2, "    inter_node_shared:\n"
+                                 "      all-reduce: {2: [[1024, 5.0e-4], [1048576, 1.0e-2]]}\n"
+                                 "      all-gather: {2: [[1024, 5.0e-4]]}\n"))
     result = run("calibrate", "--check", path, "--tolerance", "99", "--", "np", "2")
     assert result.returncode == 0, result.stderr + result.stdout
     for table in ("all-reduce", "all-gather"):
         assert f"collectives.inter_node_shared.{table}.2" in result.stdout
-
-
-GLOO_FILE = """\
-name: two-ranks
-nodes: 2
-devices_per_node: 1
-device: {name: cpu, memory: 1GiB, flops: {f32: 1e10}}
-links:
-  intra_node: {bandwidth: 1e10, latency: 1e-6}
-  inter_node: {bandwidth: 1e9, latency: 1e-5}
-calibration:
-  launch_s: 5.0e-5
-  collectives:
-    inter_node:
-      all-reduce:
-        2: [[1024, 5.0e-4]]
-"""
 
 
 @pytest.mark.parametrize("failures", [1, 2])
@@ -197,7 +180,7 @@ def test_a_gloo_transport_failure_is_measured_once_more(tmp_path, failures):
     """gloo's transport between ranks fails now and then (a socket write: "Gloo ... failed:
     writev ...: Bad address"); the multi-rank phase is run once more, not twice."""
     path = tmp_path / "two.yaml"
-    path.write_text(GLOO_FILE)
+    path.write_text(two_ranks(1, "    inter_node:\n      all-reduce: {2: [[1024, 5.0e-4]]}\n"))
     result = run("calibrate", "--check", path, "--tolerance", "99", "--", "np", "2",
                  env={"ALPAC_TEST_GLOO_FAIL_RANK": "1",
                       "ALPAC_TEST_GLOO_FAIL_TIMES": str(failures)})

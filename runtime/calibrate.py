@@ -145,14 +145,15 @@ def _run_phase_once_more(mpiexec: str, n: int, extra: list[str], phase: str, wor
     """`_run_phase`, and once more where gloo's transport failed under it (a rank's socket
     write between processes, "Gloo ReduceScatter failed: ... writev ...: Bad address", about
     one 4-rank calibration in 20 here; the next ran through): the exit code."""
-    for attempt in range(2):
+    def attempt() -> int:
         (work / TRANSPORT_FAILED).unlink(missing_ok=True)
         with _ProgressView(work / PROGRESS, phase):
-            code = _run_phase(mpiexec, n, extra, phase, work, debug)
-        if code != EXIT_RUNTIME or not (work / TRANSPORT_FAILED).exists() or attempt:
-            return code
+            return _run_phase(mpiexec, n, extra, phase, work, debug)
+    code = attempt()
+    if code == EXIT_RUNTIME and (work / TRANSPORT_FAILED).exists():
         print("alpac: gloo's connection between the ranks failed (above); measuring the "
               f"{phase} phase once more", file=sys.stderr)
+        code = attempt()
     return code
 
 

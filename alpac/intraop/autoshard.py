@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 from dataclasses import dataclass
+from functools import cached_property
 
 from alpac.analysis.costmodel import CostModel
 from alpac.analysis.costs import CostTable
@@ -55,12 +56,25 @@ class ShardingResult:
     def communication_seconds(self) -> float:
         return sum(v["seconds"] for v in self.collective_summary().values())
 
-    def combined_savings(self, group=lambda name: None) -> dict[int, float]:
+    def combined_savings(self, group=None) -> dict[int, float]:
         """Index into `collectives` -> what its all-reduce costs less than the ILP prices it,
         where XLA combines it with others (alpac.intraop.combine; per `group` of
-        instructions: one module of a pipeline stage)."""
-        instructions = {instr.name: instr for instr in self.graph.plans}
-        return savings(self.collectives, instructions, group, self.graph.model)
+        instructions: one module of a pipeline stage; without, the module is one)."""
+        if group is None:
+            return self._whole_module_savings
+        return savings(self.collectives, self._instructions, group, self.graph.model)
+
+    @cached_property
+    def _whole_module_savings(self) -> dict[int, float]:
+        """`combined_savings` of the module as one (the stage's time, its collectives'
+        summary and the plan's communication each ask for it)."""
+        return savings(self.collectives, self._instructions, lambda name: None,
+                       self.graph.model)
+
+    @cached_property
+    def _instructions(self) -> dict:
+        """Instruction name -> instruction, in the order the program was walked."""
+        return {instr.name: instr for instr in self.graph.plans}
 
     def seconds(self) -> float:
         """The stage's time as XLA runs it: the ILP's objective, the all-reduces XLA

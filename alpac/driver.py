@@ -41,15 +41,31 @@ def build_pipeline(spec: str | None = None, skip: tuple[str, ...] = (),
             raise UserError(f"--skip-pass names unknown pass '{name}'; `alpac passes` lists "
                             f"them")
     options = _mirror_stage_options(options or {})
-    pipeline = []
+    chosen = []
     for name, spec_options in parse_pipeline(spec or ",".join(default_recipe())):
         if name not in registry:
             raise UserError(f"unknown pass '{name}'; `alpac passes` lists them: "
                             f"{', '.join(registry)}")
         if name not in skip:
-            merged = {**(options or {}).get(name, {}), **spec_options}
-            pipeline.append(registry[name].with_options(merged))
-    return pipeline
+            chosen.append((name, {**options.get(name, {}), **spec_options}))
+    return [registry[name].with_options(merged)
+            for name, merged in _mirror_time_limit(chosen)]
+
+
+ILP_PASSES = ("intra-op-sharding", "stage-construction", "reduce-scatter")
+
+
+def _mirror_time_limit(chosen: list[tuple[str, dict[str, str]]]
+                       ) -> list[tuple[str, dict[str, str]]]:
+    """The per-stage ILP's time limit set on one of the passes that solve it (a spec such as
+    `intra-op-sharding{time_limit=30}`) holds for the others where they leave it unset, as
+    --time-limit sets all three: the stages solved while they were chosen are kept only when
+    solved at the intra-op pass's settings, else solved again."""
+    given = [o["time_limit"] for name in ILP_PASSES for n, o in chosen
+             if n == name and "time_limit" in o]
+    if not given:
+        return chosen
+    return [(n, {"time_limit": given[0], **o} if n in ILP_PASSES else o) for n, o in chosen]
 
 
 def _mirror_stage_options(options: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:

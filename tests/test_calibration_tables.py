@@ -552,12 +552,14 @@ def test_the_automatic_plan_leaves_devices_idle_where_that_is_faster(tmp_path):
         " ".join(explained.stdout.split())
 
 
-@pytest.mark.parametrize("plan_limit", [7.0, 9.0])
+@pytest.mark.parametrize("stage_limit, plan_limit", [(7.0, 7.0), (7.0, 9.0), (None, 9.0)])
 def test_the_automatic_plan_s_stages_are_solved_once_within_the_user_s_time_limit(
-        tmp_path, monkeypatch, plan_limit):
+        tmp_path, monkeypatch, stage_limit, plan_limit):
     """Choosing the device count on a shared host solves each candidate's stage ILPs; those
     solves keep to --time-limit, and the intra-op pass keeps the chosen one's solutions
-    instead of solving them again, unless it was asked for other settings."""
+    instead of solving them again, unless it was asked for other settings. A limit given to
+    the intra-op pass alone (`--passes` with `intra-op-sharding{time_limit=9}`) holds for
+    the stage construction too: one solve per stage, not two."""
     from alpac.driver import build_pipeline, compile_model
     from alpac.interop import shard
     solves, running = [], []
@@ -567,18 +569,36 @@ def test_the_automatic_plan_s_stages_are_solved_once_within_the_user_s_time_limi
         solves.append((running[-1], time_limit))
         return solve(module, mesh, cluster, budget, time_limit, *rest)
     monkeypatch.setattr(shard, "shard_within", counted)
-    options = {"stage-construction": {"time_limit": "7"},
-               "intra-op-sharding": {"time_limit": str(plan_limit)}}
+    options = {"intra-op-sharding": {"time_limit": str(plan_limit)}}
+    if stage_limit is not None:
+        options["stage-construction"] = {"time_limit": str(stage_limit)}
     ctx, _ = compile_model(MODELS / "mlp_train.hlo", load_cluster(cluster(tmp_path, text=SHARED)),
                            build_pipeline(None, (), options), tmp_path / "plan",
                            on_start=lambda p: running.append(p.name))
-    chosen = [s for s, limit in solves if s == "stage-construction" and limit == 7.0]
+    chosen_at = stage_limit or plan_limit
+    chosen = [s for s, limit in solves if s == "stage-construction" and limit == chosen_at]
     assert len(chosen) >= 3 and len(chosen) == len(solves) - sum(
-        s == "intra-op-sharding" for s, _ in solves)  # one per candidate stage, at 7 s
+        s == "intra-op-sharding" for s, _ in solves)  # one per candidate stage
     again = [limit for s, limit in solves if s == "intra-op-sharding"]
-    assert again == ([] if plan_limit == 7.0 else [plan_limit])
+    assert again == ([] if plan_limit == chosen_at else [plan_limit])
     sharded = ctx.get(shard.ShardedStages)
     assert sharded.assignment.runs_on.num_devices == 1  # the final assignment, cut to one
+
+
+def test_a_time_limit_set_on_one_ilp_pass_holds_for_the_others_left_unset():
+    from alpac.driver import build_pipeline
+    limits = {p.name: p.time_limit for p in build_pipeline(
+        "stage-construction{time_limit=4},intra-op-sharding,reduce-scatter")}
+    assert limits == {"stage-construction": 4.0, "intra-op-sharding": 4.0,
+                      "reduce-scatter": 4.0}
+    limits = {p.name: p.time_limit for p in build_pipeline(
+        "stage-construction{time_limit=4},intra-op-sharding{time_limit=6},reduce-scatter")}
+    assert limits == {"stage-construction": 4.0, "intra-op-sharding": 6.0,
+                      "reduce-scatter": 6.0}  # the intra-op pass's limit first
+    defaults = {p.name: p.time_limit for p in build_pipeline(
+        "stage-construction,intra-op-sharding")}
+    assert defaults["stage-construction"] == defaults["intra-op-sharding"] > 0
+
 
 def _two_stage_plan(tmp_path, name: str, text: str) -> dict:
     out = tmp_path / name

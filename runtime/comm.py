@@ -53,9 +53,24 @@ class Comm:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self.watchdog = Watchdog(self.rank)
+        self._progress: threading.Thread | None = None
         if self.size > 1:
-            threading.Thread(target=self._progress_loop, name="alpa-run-progress",
-                             daemon=True).start()
+            self._progress = threading.Thread(target=self._progress_loop,
+                                              name="alpa-run-progress", daemon=True)
+            self._progress.start()
+
+    def own_cpu(self) -> float:
+        """The CPU seconds alpa-run's own threads of this process used so far (the calling
+        thread, the progress thread, the watchdog): its host work. The rest of the process's
+        CPU time is XLA's threads (compute, collectives), MPI's and gloo's."""
+        cpu = time.thread_time()
+        for t in (self._progress, self.watchdog.thread):
+            if t is not None and t.ident is not None and hasattr(time, "pthread_getcpuclockid"):
+                try:
+                    cpu += time.clock_gettime(time.pthread_getcpuclockid(t.ident))
+                except OSError:  # the thread ended
+                    pass
+        return cpu
 
     # ---- waiting -------------------------------------------------------------------------
     def wait(self, request, what: str) -> None:
@@ -156,16 +171,16 @@ class Watchdog:
         self._what: str | None = None
         self._deadline = 0.0
         self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
+        self.thread: threading.Thread | None = None
 
     def arm(self, what: str, seconds: float) -> None:
         with self._lock:
             self._what, self._deadline = what, time.monotonic() + seconds
             self._seconds = seconds
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._watch, name="alpa-run-watchdog",
-                                            daemon=True)
-            self._thread.start()
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._watch, name="alpa-run-watchdog",
+                                           daemon=True)
+            self.thread.start()
 
     def disarm(self) -> None:
         with self._lock:

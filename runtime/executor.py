@@ -31,6 +31,7 @@ from alpac.xla.bridge import (compile_hlo, execute_unchecked, host_to_devices,
 class StepStats:
     seconds: float = 0.0
     cpu_seconds: float = 0.0  # this process's CPU time in the step (every thread of it)
+    own_cpu_seconds: float = 0.0  # of it, alpa-run's own threads' (`Comm.own_cpu`)
     started: float = 0.0  # this rank's perf_counter at the step's start (the trace aligns)
     busy: dict[int, float] = field(default_factory=dict)  # mesh -> seconds running modules
     transfer_seconds: float = 0.0

@@ -14,11 +14,12 @@ iteration, `peak_live_microbatches`, `schedule_max_live_microbatches`),
 `transfer_time_s`, `per_rank` (per rank: `rank`, `meshes`, and per iteration where its
 step's time went, `modules_s`, `transfers_s` (sending, and receiving once the data came),
 `waiting_s` (for another rank's data) and `other_s` (the rest: feeding inputs, zeroing
-accumulators, moving outputs to the next step, bookkeeping), and `cpu_s`, the CPU time its
-process used per iteration, every thread of it), `hosts` (per host: `host`, `ranks`, `cores`
-they may run on, `cpu_s` per iteration: their CPU time together), `modules` (per module that
-ran: `name`, `stage`, `role`, `mesh`, `executions_per_step`, `median_s` per execution over
-every rank and iteration), and when
+accumulators, moving outputs to the next step, bookkeeping), `cpu_s`, the CPU time its
+process used per iteration, every thread of it, and `own_cpu_s`, of it alpa-run's own
+threads' (its host work; the rest is XLA's threads: compute and collectives)), `hosts` (per
+host: `host`, `ranks`, `cores` they may run on, `cpu_s` per iteration: their CPU time
+together), `modules` (per module that ran: `name`, `stage`, `role`, `mesh`,
+`executions_per_step`, `median_s` per execution over every rank and iteration), and when
 `--check` ran `check` (`rtol`, `max_rel_error`: per output `out<k>` and `overall`, `passed`;
 `rounding_floor`: on an accelerator where the error was over `rtol`, what the original module
 on it and on the host's CPU differ by, `devices` and `max_rel_error`, else null).
@@ -126,6 +127,7 @@ def rank_times(per_rank: list) -> list[dict]:
                 row[key].append(seconds)
             row["other_s"].append(step.seconds - sum(spent.values()))
         row["cpu_s"] = [step.cpu_seconds for step in stats]
+        row["own_cpu_s"] = [step.own_cpu_seconds for step in stats]
         out.append(row)
     return out
 

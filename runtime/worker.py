@@ -218,12 +218,13 @@ def _run_steps(comm, executor, opts: Options, host_inputs: dict, collect: bool) 
     steps = []
     for it in range(opts.iters):
         comm.barrier(f"the other ranks to start iteration {it}")
-        t0, cpu0 = time.perf_counter(), time.process_time()
+        own0, cpu0, t0 = comm.own_cpu(), time.process_time(), time.perf_counter()
         stats = executor.run_step(host_inputs, carried, collect=collect and it == opts.iters - 1)
         if it < opts.iters - 1:
             carried, stats.carry_bytes = executor.carry()
         stats.seconds = time.perf_counter() - t0  # the step and moving its carried outputs
         stats.cpu_seconds = time.process_time() - cpu0
+        stats.own_cpu_seconds = comm.own_cpu() - own0
         steps.append(stats)
     return steps
 

@@ -661,6 +661,13 @@ def test_adam_s_bias_corrections_are_computed_in_every_stage(tmp_path):
     assert per_step and all(v.startswith("arg") for v in per_step)
 
 
+def _host_work(stage: dict, B: int) -> float:
+    """A stage's priced host work per step (plan.json: per microbatch and per step)."""
+    from alpac.interop.emit import HOST_WORK
+    return sum(B * stage["estimate"][k]["per_microbatch"] + stage["estimate"][k]["per_step"]
+               for k in HOST_WORK if k in stage["estimate"])
+
+
 def test_the_host_s_cores_bound_a_step_whose_ranks_share_them(tmp_path):
     """Where a calibration says how many ranks shared each host and on how many cores, a step
     takes at least what the busiest host's cores need: every rank its stage's host work,
@@ -684,9 +691,11 @@ def test_the_host_s_cores_bound_a_step_whose_ranks_share_them(tmp_path):
 
     plan = _two_stage_plan(tmp_path, "bound", (SHARED + counts).replace("LAUNCH", "5.0e-3"))
     est, B = plan["estimate"], plan["num_micro_batches"]
-    loads = [(s["mesh"]["devices"], sum(B * v["per_microbatch"] + v["per_step"]
-                                        for v in s["estimate"].values() if isinstance(v, dict)),
-              s["estimate"]["compute_s"]) for s in plan["stages"]]
+    loads = [(s["mesh"]["devices"], _host_work(s, B), s["estimate"]["compute_s"])
+             for s in plan["stages"]]
+    for s, (devices, host, compute) in zip(plan["stages"], loads):  # explain --against's
+        assert s["estimate"]["cpu_per_rank_s"] == pytest.approx(  # a rank's 2 devices: 2/4
+            {"host": host, "compute": compute * 2 / 4})
     times = [s["estimate"]["time_per_microbatch_s"] for s in plan["stages"]]
     applies = [s["estimate"]["apply_s"] for s in plan["stages"]]
     pipeline = step_seconds(sum(times), max(times), max(applies), B)
@@ -735,9 +744,8 @@ def test_a_rank_that_waits_pays_the_cpu_of_waking_its_launches_and_its_polling(t
         wait = (step - B * times[s] - applies[s]) / waits
         want = launches * 3e-4 + waits * waiting_cpu_seconds(c, wait)
         assert stage["estimate"]["idle_cpu_s"] == pytest.approx(want)
-        work = sum(B * v["per_microbatch"] + v["per_step"]
-                   for v in stage["estimate"].values() if isinstance(v, dict))
-        loads.append((stage["mesh"]["devices"], work + want, stage["estimate"]["compute_s"]))
+        loads.append((stage["mesh"]["devices"], _host_work(stage, B) + want,
+                      stage["estimate"]["compute_s"]))
     assert plan["estimate"]["host_cores_s"] == pytest.approx(host_cores_seconds(c, loads))
     without = _two_stage_plan(tmp_path, "busy", text.replace(figures, ""))
     assert without["estimate"]["host_cores_s"] < plan["estimate"]["host_cores_s"]

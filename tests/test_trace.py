@@ -247,6 +247,8 @@ def test_report_says_how_busy_the_host_s_cores_were(run):
     report = json.loads(run["report"].read_text())
     ranks = report["per_rank"]
     assert all(len(r["cpu_s"]) == report["iterations"] and min(r["cpu_s"]) > 0 for r in ranks)
+    for r in ranks:  # alpa-run's own threads (the host work): part of the process's CPU
+        assert all(0 < own < cpu for own, cpu in zip(r["own_cpu_s"], r["cpu_s"])), r
     [host] = report["hosts"]
     assert host["ranks"] == [0, 1] and host["cores"] == len(os.sched_getaffinity(0))
     assert host["cpu_s"] == pytest.approx([a + b for a, b in zip(ranks[0]["cpu_s"],
@@ -261,6 +263,30 @@ def test_report_says_how_busy_the_host_s_cores_were(run):
         return console.export_text()
     assert "90% of the measured iteration; its cores were busy nearly throughout" in said(0.018)
     assert "50% of the measured iteration\n" in said(0.010)
+
+
+def test_against_sets_each_rank_s_priced_cpu_beside_its_threads(run):
+    """Where the plan prices each rank's CPU (a calibrated file of ranks sharing cores), explain
+    --against sets it beside alpa-run's own threads' and the rest of the process's measured
+    CPU (the medians, the first iteration excluded); without it, no such table."""
+    from rich.console import Console
+
+    from alpac.plan.against import CPU_PARTS, breakdown, render_breakdown
+    report = json.loads(run["report"].read_text())
+    plan = json.loads((run["plan"] / "plan.json").read_text())
+    assert all(CPU_PARTS[0] not in row.parts for row in breakdown(plan, report))
+    for i, stage in enumerate(plan["stages"]):
+        stage["estimate"]["cpu_per_rank_s"] = {"host": 1e-3 * (i + 1), "compute": 5e-3}
+    rows = breakdown(plan, report)
+    for row, r in zip(rows, report["per_rank"]):
+        own = statistics.median(r["own_cpu_s"][1:])
+        rest = statistics.median([c - o for c, o in zip(r["cpu_s"], r["own_cpu_s"])][1:])
+        assert row.parts["alpa-run CPU"] == pytest.approx((1e-3 * (r["rank"] + 1), own))
+        assert row.parts["XLA CPU"] == pytest.approx((5e-3, rest))
+    console = Console(width=200, record=True)
+    render_breakdown(rows, console)
+    text = console.export_text()
+    assert "the CPU time each rank used per iteration" in text and "alpa-run CPU" in text
 
 
 def test_against_report_of_a_calibrated_plan_says_nothing_of_calibration(run, tmp_path):

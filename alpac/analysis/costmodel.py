@@ -115,35 +115,48 @@ def staging_seconds(cluster, nbytes: float) -> float:
     return table(nbytes) if table is not None else 0.0
 
 
-def host_cores_seconds(cluster, stages) -> float:
-    """The least time a step takes on the busiest host where ranks share a host's cores (0
-    unless a calibrated file says how many ranks ran on each host, on how many cores).
-    `stages`: per stage, (its devices, the host work each of its ranks does per step, the
-    compute each of its devices does per step). Every rank of a stage does the stage's host
-    work itself (launching, receiving, sending, feeding, freeing), on its host's cores; where
-    devices share the cores too (virtual CPU devices), each second of a device's compute takes
-    the share of them it was priced with: the cores over the cluster's devices on the host,
-    as the tables and the concurrency share price every one of them working. The
-    host work's figures were measured as time, with the ranks doing it at once; they count
-    as CPU time here: in two-stage pipelines of 4 ranks on 2 cores here, a rank's host
-    thread used about what its stage's host work is priced at (11.2-12.3 ms of CPU per GPT
-    step against 9.4-9.8 ms priced, 3.5-4.0 ms per MLP step against 3.9-4.1), each host
-    operation taking more CPU in a pipeline's interleaving than alone."""
+def rank_cpu_seconds(cluster, devices, host_work: float, compute: float
+                     ) -> dict[int, tuple[float, float]] | None:
+    """Per rank (node) of a stage on `devices`, the CPU time per step it spends on the stage
+    where ranks share a host's cores (None unless a calibrated file says how many ranks ran
+    on each host, on how many cores): its host work (launching, receiving, sending, feeding,
+    freeing; `host_work` per step), and its devices' compute (`compute` seconds per step
+    each) where devices share the cores too (virtual CPU devices; 0 otherwise). A second of
+    a device's compute takes the share of the cores it was priced with: the cores over the
+    cluster's devices on the host, as the tables and the concurrency share price every one
+    of them working. The host work's figures were measured as time, with the ranks doing
+    it at once; they count as CPU time here: in two-stage pipelines of 4 ranks on 2 cores
+    here, a rank's host thread used about what its stage's host work is priced at (11.2-12.3
+    ms of CPU per GPT step against 9.4-9.8 ms priced, 3.5-4.0 ms per MLP step against
+    3.9-4.1), each host operation taking more CPU in a pipeline's interleaving than alone."""
     calibration = cluster.calibration
     if calibration is None or not calibration.host_cores or not calibration.ranks_per_host:
-        return 0.0
+        return None
     k, ranks = cluster.devices_per_node, calibration.ranks_per_host
     working: dict[int, int] = {}  # host -> the cluster's devices on it, all of them working
     for d in range(cluster.num_devices):
         working[d // k // ranks] = working.get(d // k // ranks, 0) + 1
+    mine: dict[int, int] = {}  # node -> the stage's devices on it
+    for d in devices:
+        mine[d // k] = mine.get(d // k, 0) + 1
+    share = calibration.host_cores if calibration.devices_share_cores else 0.0
+    return {node: (host_work, compute * share * n / working[node // ranks])
+            for node, n in mine.items()}
+
+
+def host_cores_seconds(cluster, stages) -> float:
+    """The least time a step takes on the busiest host where ranks share a host's cores (0
+    unless calibrated so: `rank_cpu_seconds`). `stages`: per stage, (its devices, the host
+    work each of its ranks does per step, the compute each of its devices does per step)."""
+    calibration = cluster.calibration
     busy: dict[int, float] = {}
     for devices, host_work, compute in stages:
-        for node in {d // k for d in devices}:
-            busy[node // ranks] = busy.get(node // ranks, 0.0) + host_work
-        if calibration.devices_share_cores:
-            for d in devices:
-                h = d // k // ranks
-                busy[h] = busy.get(h, 0.0) + compute * calibration.host_cores / working[h]
+        per_rank = rank_cpu_seconds(cluster, devices, host_work, compute)
+        if per_rank is None:
+            return 0.0
+        for node, cpu in per_rank.items():
+            h = node // calibration.ranks_per_host
+            busy[h] = busy.get(h, 0.0) + sum(cpu)
     return max(busy.values(), default=0.0) / calibration.host_cores
 
 

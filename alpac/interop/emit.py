@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from alpac.analysis.costmodel import (CostModel, feed_seconds, free_seconds,
                                       host_cores_seconds, launch_cpu_seconds, launch_seconds,
-                                      staging_seconds, waiting_cpu_seconds)
+                                      rank_cpu_seconds, staging_seconds, waiting_cpu_seconds)
 from alpac.hlo import Module, print_module
 from alpac.interop.pipeline import assemble, role_modules
 from alpac.interop.pricing import pipelined_peak, role_seconds
@@ -203,7 +203,10 @@ def _free_seconds(program: Program, cluster) -> dict[int, tuple[float, float]]:
 def _host_cores(entries: list[dict], cluster, B: int) -> float:
     """`host_cores_seconds` of the stages, from their entries' estimates: the host work
     each of a stage's ranks does per step (its figures per microbatch, B times, and per
-    step; and `idle_cpu_s`, where pipelined) and the compute each of its devices does."""
+    step; and `idle_cpu_s`, where pipelined) and the compute each of its devices does. Each
+    entry gets its ranks' CPU per step (`rank_cpu_seconds`, the busiest rank's) as
+    `cpu_per_rank_s` (host, compute), which `alpac explain --against` sets beside alpa-run's
+    and XLA's threads' measured CPU."""
     if cluster is None:
         return 0.0
     loads = []
@@ -213,6 +216,10 @@ def _host_cores(entries: list[dict], cluster, B: int) -> float:
                    if key in e)
         loads.append((entry["mesh"]["devices"], work + e.get("idle_cpu_s", 0.0),
                       e["compute_s"]))
+        per_rank = rank_cpu_seconds(cluster, *loads[-1])
+        if per_rank:
+            host, compute = max(per_rank.values(), key=sum)
+            e["cpu_per_rank_s"] = {"host": host, "compute": compute}
     return host_cores_seconds(cluster, loads)
 
 

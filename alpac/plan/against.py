@@ -105,10 +105,28 @@ def breakdown(plan: dict, report: dict) -> list[RankRow]:
         estimated = _estimated_parts(plan, [s for m in meshes for s in stages_of.get(m, [])])
         label = "; ".join(f"{m}: {','.join(str(s['index']) for s in stages_of[m])}"
                           for m in meshes if stages_of.get(m))
-        rows.append(RankRow(_ranks(r["rank"] for r in ranks), label, {
-            part: (estimated[part], statistics.median(_median(r[key]) for r in ranks))
-            for part, key in PARTS.items()}))
+        parts = {part: (estimated[part], statistics.median(_median(r[key]) for r in ranks))
+                 for part, key in PARTS.items()}
+        cpu = _cpu_parts([s for m in meshes for s in stages_of.get(m, [])], ranks)
+        rows.append(RankRow(_ranks(r["rank"] for r in ranks), label, {**parts, **cpu}))
     return rows
+
+
+CPU_PARTS = ("alpa-run CPU", "XLA CPU")
+
+
+def _cpu_parts(stages: list[dict], ranks: list[dict]) -> dict[str, tuple[float, float]]:
+    """The CPU a rank used per iteration, alpa-run's own threads (its host work) and the rest
+    (XLA's threads: compute, collectives), against the stages' `cpu_per_rank_s` (priced
+    where ranks share a host's cores: a calibrated file); none where either is missing."""
+    priced = [s["estimate"].get("cpu_per_rank_s") for s in stages]
+    if not priced or None in priced or any("own_cpu_s" not in r for r in ranks):
+        return {}
+    own = statistics.median(_median(r["own_cpu_s"]) for r in ranks)
+    rest = statistics.median(_median([c - o for c, o in zip(r["cpu_s"], r["own_cpu_s"])])
+                             for r in ranks)
+    return {CPU_PARTS[0]: (sum(p["host"] for p in priced), own),
+            CPU_PARTS[1]: (sum(p["compute"] for p in priced), rest)}
 
 
 def _estimated_parts(plan: dict, stages: list[dict]) -> dict[str, float]:
@@ -213,9 +231,22 @@ def render_breakdown(rows: list[RankRow], console: Console) -> None:
     for col in ("ranks", "meshes: stages", "", *PARTS):
         table.add_column(col, justify="right" if col in PARTS else "left")
     for r in rows:
-        table.add_row(r.ranks, r.stages, "estimated",
-                      *(duration(est) for est, _ in r.parts.values()))
-        table.add_row("", "", "measured", *(duration(m) for _, m in r.parts.values()))
+        table.add_row(r.ranks, r.stages, "estimated", *(duration(r.parts[p][0]) for p in PARTS))
+        table.add_row("", "", "measured", *(duration(r.parts[p][1]) for p in PARTS))
+    console.print(table)
+    cpu = [r for r in rows if CPU_PARTS[0] in r.parts]
+    if not cpu:
+        return
+    console.print("the CPU time each rank used per iteration: alpa-run's own threads (the host "
+                  "work above) and the rest of its process (XLA's threads: the modules' compute, "
+                  "priced where devices share the host's cores)")
+    table = Table(show_edge=False)
+    for col in ("ranks", "", *CPU_PARTS):
+        table.add_column(col, justify="right" if col in CPU_PARTS else "left")
+    for r in cpu:
+        (host, own), (compute, rest) = (r.parts[p] for p in CPU_PARTS)
+        table.add_row(r.ranks, "estimated", duration(host), duration(compute))
+        table.add_row("", "measured", duration(own), duration(rest))
     console.print(table)
 
 

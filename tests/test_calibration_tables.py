@@ -744,6 +744,11 @@ def test_a_rank_that_waits_pays_the_cpu_of_waking_its_launches_and_its_polling(t
         wait = (step - B * times[s] - applies[s]) / waits
         want = launches * 3e-4 + waits * waiting_cpu_seconds(c, wait)
         assert stage["estimate"]["idle_cpu_s"] == pytest.approx(want)
+        # the launches' part is XLA's threads waking, the polling's alpa-run's
+        assert stage["estimate"]["wake_cpu_s"] == pytest.approx(launches * 3e-4)
+        assert stage["estimate"]["cpu_per_rank_s"] == pytest.approx({
+            "host": _host_work(stage, B) + want - launches * 3e-4,
+            "compute": stage["estimate"]["compute_s"] * 2 / 4 + launches * 3e-4})
         loads.append((stage["mesh"]["devices"], _host_work(stage, B) + want,
                       stage["estimate"]["compute_s"]))
     assert plan["estimate"]["host_cores_s"] == pytest.approx(host_cores_seconds(c, loads))

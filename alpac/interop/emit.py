@@ -217,21 +217,23 @@ def _host_cores(entries: list[dict], cluster, B: int) -> float:
         loads.append((entry["mesh"]["devices"], work + e.get("idle_cpu_s", 0.0),
                       e["compute_s"]))
         per_rank = rank_cpu_seconds(cluster, *loads[-1])
-        if per_rank:
+        if per_rank:  # XLA's threads wake for a launch after a wait: not alpa-run's CPU
             host, compute = max(per_rank.values(), key=sum)
-            e["cpu_per_rank_s"] = {"host": host, "compute": compute}
+            wake = e.get("wake_cpu_s", 0.0)
+            e["cpu_per_rank_s"] = {"host": host - wake, "compute": compute + wake}
     return host_cores_seconds(cluster, loads)
 
 
 def _idle_cpu(program: Program, cluster, B: int, step: float, busy: list[float]
-              ) -> list[float]:
+              ) -> list[tuple[float, float]]:
     """Per stage, the CPU time per step its ranks spend beyond their host work's figures,
     for having waited between tasks (a pipeline's, `step` seconds long, in which the stage
     is `busy` for its time): each module execution launched after a wait
-    (`launch_cpu_seconds`), and the polling of each wait for the messages of one task of
-    another mesh (`waiting_cpu_seconds`), the stage's idle time shared among its waits."""
+    (`launch_cpu_seconds`: XLA's threads waking), and the polling of each wait for the
+    messages of one task of another mesh (`waiting_cpu_seconds`: alpa-run's), the stage's
+    idle time shared among its waits."""
     if cluster is None:
-        return [0.0] * len(busy)
+        return [(0.0, 0.0)] * len(busy)
     per = {"microbatch": B, "step": 1}
     launches = [0] * len(busy)
     for m in program.modules:
@@ -241,8 +243,8 @@ def _idle_cpu(program: Program, cluster, B: int, step: float, busy: list[float]
     waits = [0] * len(busy)
     for _, dst, scope in {(t.src_mesh, t.dst_mesh, t.scope) for t in program.transfers}:
         waits[dst] += per[scope]
-    return [n * launch_cpu_seconds(cluster) +
-            (w * waiting_cpu_seconds(cluster, max(step - b, 0.0) / w) if w else 0.0)
+    return [(n * launch_cpu_seconds(cluster),
+             w * waiting_cpu_seconds(cluster, max(step - b, 0.0) / w) if w else 0.0)
             for n, w, b in zip(launches, waits, busy)]
 
 
@@ -349,8 +351,8 @@ def _pipelined(source: Module, sharded: ShardedStages, entries: list[dict],
     idle = _idle_cpu(program, cluster, B,
                      step_seconds(sum(times), max(times), max(applies), B),
                      [B * t + a for t, a in zip(times, applies)])
-    for entry, cpu in zip(entries, idle):
-        entry["estimate"]["idle_cpu_s"] = cpu
+    for entry, (wake, poll) in zip(entries, idle):
+        entry["estimate"].update(idle_cpu_s=wake + poll, wake_cpu_s=wake)
     cores = _host_cores(entries, cluster, B)
     return {"program": program.to_dict(), "estimate": {
         "iteration_time_s": step_seconds(sum(times), max(times), max(applies), B, cores),

@@ -8,7 +8,8 @@ Per plan: the estimate (plan.json `estimate.iteration_time_s`), the measurement,
 per model: Kendall's tau between the estimated and the measured order of its plans; overall:
 the median and the worst |ratio - 1|; per model, the automatic plan's measured time over the
 data-parallel and the one-device plan's; per plan, the share of the iteration the host's cores
-were busy (its ranks' CPU time over its cores: near 100%, the ranks competed for cores);
+were busy (its ranks' CPU time over its cores: near 100%, the ranks competed for cores), and
+its ranks' CPU over its price, alpa-run's threads and XLA's (`alpac explain --against`);
 after the runs, a few tables measured again against the file (`machine_drift`: this machine's
 speed moves within an hour, and a calibration is a snapshot of it). The
 issue's targets: within 20% in the median, 50% at
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -101,10 +103,12 @@ def machine_drift(cluster: Path, ranks: int, k: int) -> str:
                                      if t in found) + ". ")
 
 
-def run_plan(plan: Path, used: int, ranks: int, k: int, iters: int) -> tuple[float, float]:
-    """One `alpa-run` of the plan: the median iteration time, the first excluded, and the
-    share of it the host's cores were busy (its ranks' CPU time over its cores, medians). A
-    plan on fewer devices than the cluster runs on fewer ranks (or one, smaller)."""
+def run_plan(plan: Path, used: int, ranks: int, k: int, iters: int
+             ) -> tuple[float, float, tuple[float, float] | None]:
+    """One `alpa-run` of the plan: the median iteration time, the first excluded, the share
+    of it the host's cores were busy (its ranks' CPU time over its cores, medians), and the
+    ranks' CPU over its price (`cpu_ratios`). A plan on fewer devices than the cluster runs
+    on fewer ranks (or one, smaller)."""
     if used < ranks * k:
         k = min(k, used)
         ranks = -(-used // k)
@@ -115,7 +119,20 @@ def run_plan(plan: Path, used: int, ranks: int, k: int, iters: int) -> tuple[flo
     measured = json.loads(report.read_text())
     iteration = statistics.median(measured["iteration_time_s"][1:])
     busy = max(statistics.median(h["cpu_s"][1:]) / h["cores"] for h in measured["hosts"])
-    return iteration, busy / iteration
+    return iteration, busy / iteration, cpu_ratios(plan, measured)
+
+
+def cpu_ratios(plan: Path, report: dict) -> tuple[float, float] | None:
+    """The ranks' CPU per iteration over its price, summed over the groups of ranks `alpac
+    explain --against` shows: alpa-run's own threads (the host work), and XLA's (compute;
+    collectives' CPU is in it, unpriced). None where the plan prices no CPU."""
+    from alpac.plan.against import CPU_PARTS, breakdown
+    rows = [r for r in breakdown(json.loads((plan / "plan.json").read_text()), report)
+            if CPU_PARTS[0] in r.parts]
+    if not rows:
+        return None
+    sums = [[sum(r.parts[p][i] for r in rows) for i in (0, 1)] for p in CPU_PARTS]
+    return tuple(measured / priced if priced > 0 else math.inf for priced, measured in sums)
 
 
 def _failure(e: subprocess.CalledProcessError) -> str:
@@ -177,17 +194,22 @@ def main() -> None:
             if i in failed:
                 rows.append({"model": model, "strategy": name, "devices": "-",
                              "estimate ms": "-", "measured ms": "-", "launches ms": "-",
-                             "measured / estimate": failed[i], "cores busy": "-"})
+                             "measured / estimate": failed[i], "cores busy": "-",
+                             "CPU / priced: alpa-run, XLA": "-"})
                 continue
             est, used, digests[name] = compiled[i]
-            got = statistics.median(t for t, _ in runs[i])
+            got = statistics.median(t for t, _, _ in runs[i])
+            cpu = [c for _, _, c in runs[i] if c is not None]
             estimates.append(est)
             measured[name] = got
             rows.append({"model": model, "strategy": name, "devices": str(used),
                          "estimate ms": f"{est * 1e3:.2f}", "measured ms": f"{got * 1e3:.2f}",
-                         "launches ms": " ".join(f"{t * 1e3:.2f}" for t, _ in runs[i]),
+                         "launches ms": " ".join(f"{t * 1e3:.2f}" for t, _, _ in runs[i]),
                          "measured / estimate": f"{got / est:.2f}",
-                         "cores busy": f"{statistics.median(b for _, b in runs[i]):.0%}"})
+                         "cores busy": f"{statistics.median(b for _, b, _ in runs[i]):.0%}",
+                         "CPU / priced: alpa-run, XLA": " / ".join(
+                             f"{statistics.median(c[j] for c in cpu):.2f}" for j in (0, 1))
+                         if cpu else "-"})
             print(rows[-1], flush=True)
         taus[model] = kendall_tau(estimates, list(measured.values()))
         automatic.append(f"{model} " + " / ".join(
@@ -201,7 +223,10 @@ def main() -> None:
                f"{args.devices_per_rank} devices; per plan {args.rounds} launches of alpa-run, "
                f"interleaved with the other plans', {args.iters} iterations each (the first "
                f"excluded): measured is the median of the launches' medians; cores busy: "
-               f"the host's ranks' CPU time per iteration over its cores and the iteration. "
+               f"the host's ranks' CPU time per iteration over its cores and the iteration; "
+               f"CPU / priced: the ranks' CPU per iteration over its price (`alpac explain "
+               f"--against`), alpa-run's own threads (host work) and XLA's (compute; "
+               f"collectives' CPU unpriced, in it), medians of the launches. "
                f"|measured/estimate - 1|: median "
                f"{statistics.median(errors):.0%}, worst {max(errors):.0%}. Kendall tau per "
                "model: " + ", ".join(f"{m} {t:.2f}" for m, t in taus.items()) + ". "

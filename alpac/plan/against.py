@@ -240,7 +240,8 @@ def render_breakdown(rows: list[RankRow], console: Console) -> None:
     console.print("the CPU time each rank used per iteration: alpa-run's own threads (the host "
                   "work above) and the rest of its process (XLA's threads: the modules' compute "
                   "and their waking for a launch after a wait, as priced where devices share "
-                  "the host's cores; and collectives, which are priced as time only)")
+                  "the host's cores; and collectives, which are priced as time only; XLA may "
+                  "run a one-device module on alpa-run's calling thread)")
     table = Table(show_edge=False)
     for col in ("ranks", "", *CPU_PARTS):
         table.add_column(col, justify="right" if col in CPU_PARTS else "left")

@@ -203,9 +203,10 @@ def f64_errors(name: str, hlo: Path, npz: Path, saved: Path, work: Path
     """Per output, alpa-run's error and the reference's own, both against the program run in
     float64 on one device (every f32 of it made f64): an output that alpa-run computes about
     as near that as the front end's float32 reference is (within `TRUTH_FACTOR` of its
-    distance) is reduction noise, however far the two float32 results are apart (BEiT's class token, unused by its mean pooling:
-    its gradient is all cancellation, and Adam scales it to a full step). Empty where the
-    program does not run so (a worker of its own: it needs 64-bit jax)."""
+    distance) is reduction noise, however far the two float32 results are apart (BEiT's
+    class token, unused by its mean pooling: its gradient is all cancellation, and Adam
+    scales it to a full step). Empty where the program does not run so (a worker of its
+    own: it needs 64-bit jax)."""
     spec = work / f"{name}.f64.json"
     spec.write_text(json.dumps({"hlo": str(hlo), "npz": str(npz), "saved": str(saved)}))
     code, _, _, _ = timed([sys.executable, __file__, "--f64-truth", str(spec)], 900)

@@ -102,12 +102,13 @@ def breakdown(plan: dict, report: dict) -> list[RankRow]:
             groups.setdefault(tuple(rank["meshes"]), []).append(rank)
     rows = []
     for meshes, ranks in groups.items():
-        estimated = _estimated_parts(plan, [s for m in meshes for s in stages_of.get(m, [])])
+        held = [s for m in meshes for s in stages_of.get(m, [])]
+        estimated = _estimated_parts(plan, held)
         label = "; ".join(f"{m}: {','.join(str(s['index']) for s in stages_of[m])}"
                           for m in meshes if stages_of.get(m))
         parts = {part: (estimated[part], statistics.median(_median(r[key]) for r in ranks))
                  for part, key in PARTS.items()}
-        cpu = _cpu_parts([s for m in meshes for s in stages_of.get(m, [])], ranks)
+        cpu = _cpu_parts(held, ranks)
         rows.append(RankRow(_ranks(r["rank"] for r in ranks), label, {**parts, **cpu}))
     return rows
 

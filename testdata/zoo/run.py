@@ -207,11 +207,22 @@ def f64_errors(name: str, hlo: Path, npz: Path, saved: Path, work: Path
     class token, unused by its mean pooling: its gradient is all cancellation, and Adam
     scales it to a full step). Empty where the program does not run so (a worker of its
     own: it needs 64-bit jax)."""
-    spec = work / f"{name}.f64.json"
-    spec.write_text(json.dumps({"hlo": str(hlo), "npz": str(npz), "saved": str(saved)}))
-    code, _, _, _ = timed([sys.executable, __file__, "--f64-truth", str(spec)], 900)
-    return {k: tuple(v) for k, v in json.loads(spec.read_text()).get("errors", {}).items()} \
-        if code == 0 else {}
+    code, _, done = _in_worker("--f64-truth", work / f"{name}.f64.json",
+                               {"hlo": str(hlo), "npz": str(npz), "saved": str(saved)})
+    return {k: tuple(v) for k, v in done.get("errors", {}).items()} if code == 0 else {}
+
+
+def _in_worker(flag: str, path: Path, spec: dict) -> tuple[int, str, dict]:
+    """This script run again as a worker process (`flag`) on `spec`, written to `path`: its
+    exit code, output, and the spec it wrote back."""
+    path.write_text(json.dumps(spec))
+    code, text, _, _ = timed([sys.executable, __file__, flag, str(path)], 900)
+    return code, text, json.loads(path.read_text()) if code == 0 else {}
+
+
+def _reference_arguments(ref) -> list:
+    """The program's arguments in a reference .npz (`arg0`, `arg1`, ...)."""
+    return [ref[f"arg{k}"] for k in range(sum(1 for f in ref.files if f.startswith("arg")))]
 
 
 def _f64_worker(spec_path: Path) -> None:
@@ -223,10 +234,9 @@ def _f64_worker(spec_path: Path) -> None:
     from alpac.xla.bridge import run_hlo_single_device
     spec = json.loads(spec_path.read_text())
     ref, got = np.load(spec["npz"]), np.load(spec["saved"])
-    args = [ref[f"arg{k}"] for k in range(sum(1 for f in ref.files if f.startswith("arg")))]
     truth = run_hlo_single_device(re.sub(r"\bf32\b", "f64", Path(spec["hlo"]).read_text()),
                                   [a.astype(np.float64) if a.dtype == np.float32 else a
-                                   for a in args])
+                                   for a in _reference_arguments(ref)])
     keys = [f"out{k}" for k in range(len(truth))]
     theirs = relative_errors([ref[k] for k in keys], truth)
     ours = relative_errors([got[k] for k in keys], truth)
@@ -241,12 +251,11 @@ def xla_noise(name: str, info: dict, hlo: Path, npz: Path, work: Path) -> dict[s
     run, e.g. Adam amplifying the last bits of gradients that are nearly zero. Run in a
     process of its own (it needs its own virtual devices)."""
     batch = {int(b["arg"]): int(b["batch_dim"]) for b in info.get("batch_inputs", {}).values()}
-    spec = work / f"{name}.noise.json"
-    spec.write_text(json.dumps({"hlo": str(hlo), "npz": str(npz), "batch": batch}))
-    code, text, _, _ = timed([sys.executable, __file__, "--xla-noise", str(spec)], 900)
+    code, text, done = _in_worker("--xla-noise", work / f"{name}.noise.json",
+                                  {"hlo": str(hlo), "npz": str(npz), "batch": batch})
     if code != 0:
         raise RuntimeError(f"XLA's partitioning of {name} failed: {last_line(text)}")
-    return json.loads(spec.read_text())["errors"]
+    return done["errors"]
 
 
 def _xla_noise_worker(spec_path: Path) -> None:
@@ -257,7 +266,7 @@ def _xla_noise_worker(spec_path: Path) -> None:
     text = Path(spec["hlo"]).read_text()
     batch = {int(k): v for k, v in spec["batch"].items()}
     ref = np.load(spec["npz"])
-    args = [ref[f"arg{k}"] for k in range(sum(1 for f in ref.files if f.startswith("arg")))]
+    args = _reference_arguments(ref)
     outs = compile_hlo(data_parallel(text, batch, [a.shape for a in args], NOISE_WAYS),
                        cpu_devices(NOISE_WAYS)).run(args)
     keys = [f"out{k}" for k in range(len(outs))]

@@ -119,7 +119,10 @@ def grid(nodes: int, k: int, quick: bool, gpu: bool = False) -> list[Point]:
     points += [Point(("concurrency",), busy) for busy in [1] + group_sizes(total)] \
         if total > 1 else []
     if total > 1 and not gpu:  # devices that share a host's cores: the compute tables alone
-        points += [Point(("alone", "dot"), 2 * s ** 3, shape) for s in sides[::2]
+        # every other size, but all of --quick's three (a dot's work per kernel makes the
+        # smallest row's time a floor: two rows 4000x apart interpolate poorly between them)
+        points += [Point(("alone", "dot"), 2 * s ** 3, shape)
+                   for s in (sides if quick else sides[::2])
                    if s <= ALONE_MAX_SIDE for shape in dot_shapes(s)]
         points += [Point(("alone", name), unit * b) for b in arrays[::2]
                    for name, unit in (("elementwise", 2), ("reduce", 1))]

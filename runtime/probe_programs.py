@@ -38,7 +38,43 @@ def kernels_hlo(kind: str, count: int, d: int, rows: int, cols: int) -> str:
         header = ("HloModule kernels\nsum {\n  x = f32[] parameter(0)\n"
                   "  y = f32[] parameter(1)\n  ROOT s = f32[] add(x, y)\n}\n")
     params = "".join(f"  p{i} = {array} parameter({i}), {split}\n" for i in range(count))
-    tuple_split = "{" + ", ".join([out_split.split("=", 1)[1]] * count) + "}"
+    return _module(body, params, result, out_split.split("=", 1)[1], count, header, scalars)
+
+
+def dots_hlo(count: int, d: int, dtype: str, batch: int, m: int, k: int, n: int,
+             transposed: bool = False) -> str:
+    """`count` dots one after the other over `d` devices, each of an lhs of its own (split on
+    axis 0) with one shared rhs into a new result: [m,k] x [k,n] (the rhs replicated), or
+    with `batch` a batched one, the rhs split like the lhs, whose lhs holds each matrix
+    transposed ([k,m]: the form of a backward pass's batched dots) where `transposed`."""
+    if batch:
+        lhs = [d * batch] + ([k, m] if transposed else [m, k])
+        rhs, out = [d * batch, k, n], [d * batch, m, n]
+        dnums = (f"lhs_batch_dims={{0}}, lhs_contracting_dims={{{1 if transposed else 2}}}, "
+                 "rhs_batch_dims={0}, rhs_contracting_dims={1}")
+    else:
+        lhs, rhs, out = [d * m, k], [k, n], [d * m, n]
+        dnums = "lhs_contracting_dims={1}, rhs_contracting_dims={0}"
+
+    def array(dims):
+        return f"{dtype}[{','.join(map(str, dims))}]"
+
+    def split(dims):
+        return f"sharding={{devices=[{d}{',1' * (len(dims) - 1)}]<=[{d}]}}"
+    w_split = split(rhs) if batch else "sharding={replicated}"
+    params = "".join(f"  p{i} = {array(lhs)} parameter({i}), {split(lhs)}\n"
+                     for i in range(count))
+    params += f"  w = {array(rhs)} parameter({count}), {w_split}\n"
+    body = "".join(f"  r{i} = {array(out)} dot(p{i}, w), {dnums}, {split(out)}\n"
+                   for i in range(count))
+    return _module(body, params, array(out), split(out).split("=", 1)[1], count)
+
+
+def _module(body: str, params: str, result: str, out_split: str, count: int,
+            header: str = "HloModule kernels\n", scalars: str = "") -> str:
+    """An entry of `params`, `scalars` and `body`, returning the `count` results r0, r1, ...
+    (each `result` split as `out_split`) as a tuple, or r0 alone."""
+    tuple_split = "{" + ", ".join([out_split] * count) + "}"
     root = f"  ROOT t = ({', '.join([result] * count)}) tuple(" \
         f"{', '.join(f'r{i}' for i in range(count))}), sharding={tuple_split}\n"
     if count == 1:

@@ -3,16 +3,18 @@
 
 A point is one row of one table of cluster.yaml's `calibration:` section (a dot level has
 three shapes, whose median is the row). Every figure is the median of repeated timings after
-a warm-up (`alpac.runtime.timing`); work shorter than a few milliseconds is repeated inside
-one execution (a while loop
-whose trip count is an argument, so one compilation serves every count) and divided, so that
-the tables price the work itself and `launch_s` the launching of a module; collectives under
-multi-process jax are timed a few per execution instead, each after a dot, as a plan's module
-runs them (`Rank._in_modules`). Each iteration of that loop does the work `UNROLL` times over, kept
-apart by optimization barriers (no fusion across them): a GPU pays 15-30 µs per while-loop
-iteration (its condition read back by the host), which would otherwise be counted as every
-small kernel's cost. Rank 0 chooses the repeat count for every rank taking part, so that all
-run alike.
+a warm-up (`alpac.runtime.timing`). Dots, elementwise kernels and reductions are timed as
+alpa-run runs a module of them, up to 16 one after the other, each into a new result, the
+module's launch and arrays subtracted (`Rank._per_kernel`): so the tables price XLA's work
+per kernel, which a loop repeating one kernel hides. The per-op arithmetic, the concurrency
+dot and the collectives inside one process are repeated inside one execution instead (a
+while loop whose trip count is an argument, so one compilation serves every count) and
+divided; collectives under multi-process jax are timed a few per execution, each after a
+dot, as a plan's module runs them (`Rank._in_modules`). Each iteration of that loop does the
+work `UNROLL` times over, kept apart by optimization barriers (no fusion across them): a GPU
+pays 15-30 µs per while-loop iteration (its condition read back by the host), which would
+otherwise be counted as every small kernel's cost. Rank 0 chooses the repeat count for every
+rank taking part, so that all run alike.
 
 Every device works at once, as in a plan's run: each rank runs an SPMD program over all of
 its devices, and the ranks start each timing together (on CPU they share the cores; a device
@@ -33,12 +35,14 @@ import numpy as np
 from alpac.plan.calibration import COMBINED_OPERANDS
 from alpac.runtime.calibration_grid import Point
 from alpac.runtime.host_probes import HostProbes
-from alpac.runtime.probe_programs import collective_step, kernels_hlo
+from alpac.runtime.probe_programs import collective_step, dots_hlo, kernels_hlo
 from alpac.runtime.timing import per_op
 
 UNROLL = 8  # the dot and arithmetic work done per loop iteration
 # elementwise and reduce kernels: up to this many in one module, and to this many bytes
 STRAIGHT_KERNELS, STRAIGHT_BYTES = 16, 64 << 20
+STRAIGHT_FLOPS = 1e7  # and dots to this many FLOPs per device (one at least)
+MATRICES, MATRIX_SIDE = 256, 16  # the batched dots of `matrix_s`
 IN_A_MODULE = 8  # collectives per execution under multi-process jax, to 1 MiB
 TAG_REPEAT = (1 << 28) + 16
 TAG_PING = (1 << 28) + 17
@@ -93,8 +97,10 @@ class Rank(HostProbes):
             return self.while_others_busy(self.feed if kind == "feed_s" else self.free)
         if kind in ("flop_s", "transcendental_s"):
             return self.arithmetic(kind)
+        if kind == "matrix_s":
+            return self.matrix_s()
         if kind == "dot":
-            return self.dot(p.table[1], *p.shape)
+            return self.dot_kernels(p.table[1], *p.shape)
         if kind == "concurrency":
             return self.concurrent(p.size)
         if kind == "alone":
@@ -145,27 +151,50 @@ class Rank(HostProbes):
             self._timed(lambda r: None)
             return None
         if p.table[1] == "dot":
-            return self.dot("f32", *p.shape, devices=self.local[:1])
+            return self.dot_kernels("f32", *p.shape, alone=True)
         return self.memory(p.table[1], p.size, alone=True)
 
-    def dot(self, dtype: str, m: int, k: int, n: int, devices=None) -> float:
-        """[m,k]x[k,n] and back ([m,n]x[n,k]), repeated: two dots of 2mkn FLOPs each, on
-        every device of the rank (or `devices`)."""
+    def square_dot(self, side: int, devices) -> float:
+        """A square f32 dot repeated in a loop on `devices` (`concurrent` compares the same
+        work on fewer devices at once; a loop keeps the host out of it)."""
         from jax import lax
         from jax.sharding import PartitionSpec as P
         jnp = self.jax.numpy
-        devices = self.local if devices is None else devices
-        t = jnp.float32 if dtype == "f32" else jnp.bfloat16
-        # weights 1/k and 1/n keep the values at 1: no overflow, no denormals
+        # a weight of 1/side keeps the values at 1: no overflow, no denormals
         # a CPU's loop costs next to nothing beside a dot of 1e7 FLOPs or more
-        unroll = UNROLL if devices[0].platform != "cpu" or 2 * m * k * n < 1e7 else 1
-        mesh, f = self._spmd(lambda x, a, b, r: lax.fori_loop(
-            0, r, lambda i, y: _unrolled(lambda z: (z @ a) @ b, y, unroll), x), replicated=2,
+        unroll = UNROLL if devices[0].platform != "cpu" or 2 * side ** 3 < 1e7 else 1
+        mesh, f = self._spmd(lambda x, a, r: lax.fori_loop(
+            0, r, lambda i, y: _unrolled(lambda z: z @ a, y, unroll), x), replicated=1,
             devices=devices)
-        (x,) = self._fill(mesh, P("d"), (len(devices) * m, k), t, 1)
-        (a,) = self._fill(mesh, P(), (k, n), t, 1 / k)
-        (b,) = self._fill(mesh, P(), (n, k), t, 1 / n)
-        return self._timed(lambda r: f(x, a, b, r).block_until_ready(), ops=2 * unroll)
+        (x,) = self._fill(mesh, P("d"), (len(devices) * side, side), jnp.float32, 1)
+        (a,) = self._fill(mesh, P(), (side, side), jnp.float32, 1 / side)
+        return self._timed(lambda r: f(x, a, r).block_until_ready(), ops=unroll)
+
+    def dot_kernels(self, dtype: str, m: int, k: int, n: int, alone: bool = False,
+                    batch: int = 0, transposed: bool = False) -> float:
+        """One [m,k]x[k,n] dot (`dots_hlo`; with `batch`, that many at once) as alpa-run runs
+        a module of them, like `memory`'s kernels: XLA's work per kernel counts, which a loop
+        repeating one dot hides (a [32,32]x[32,32] dot took 10 µs in a module of 16 on one
+        device here, 1.8 µs in a loop). `alone`: on the rank's first device only."""
+        devices = self.local[:1] if alone else self.local
+        flops = 2 * m * k * n * max(batch, 1)
+        size = max(batch, 1) * m * k * (4 if dtype == "f32" else 2)
+        kernels = max(1, min(STRAIGHT_KERNELS, STRAIGHT_BYTES // size,
+                             int(STRAIGHT_FLOPS // flops)))
+        exe, held = self._module(dots_hlo(kernels, len(devices), dtype, batch, m, k, n,
+                                          transposed), devices, 1 / k)
+        return self._per_kernel(exe, held, kernels, alone, kernels + 1)
+
+    def matrix_s(self) -> float:
+        """Beyond its FLOPs, each matrix of a batched dot whose lhs holds its matrices
+        transposed ([k,m]), as a backward pass's attention has them: XLA's CPU backend runs
+        those in a loop of its own, not its matmul library (in BERT's and GPT's one-device
+        steps here 0.9-1.5 µs per 16x16 matrix against 0.02-0.2 for the other batched dots).
+        A module of such dots against one of flat dots of the same FLOPs, per matrix."""
+        b, s = MATRICES, MATRIX_SIDE
+        batched = self.dot_kernels("f32", s, s, s, batch=b, transposed=True)
+        flat = self.dot_kernels("f32", b * s, s, s)
+        return max(batched - flat, 0.0) / b
 
     def _square_side(self) -> int:
         """The side of the square f32 dot that stands for a plan's compute (`concurrent`, and
@@ -185,7 +214,7 @@ class Rank(HostProbes):
             if not mine:
                 self._timed(lambda r: None)  # keeps step with the ranks that time
             else:
-                seconds.append(self.dot("f32", side, side, side, self.local[:mine]))
+                seconds.append(self.square_dot(side, self.local[:mine]))
         return statistics.median(seconds) if mine else None
 
     def memory(self, kind: str, nbytes: int, alone: bool = False) -> float:
@@ -197,12 +226,19 @@ class Rank(HostProbes):
         slower on CPU). A module of K such kernels less its launch and its K returned arrays
         (a plan's module is priced with them: `launch_seconds`), over K, is one kernel.
         `alone`: on the rank's first device only (`compute_alone`)."""
-        from alpac.xla.bridge import execute_unchecked
         n = nbytes // (8 if kind == "elementwise" else 4)
         kernels = max(1, min(STRAIGHT_KERNELS, STRAIGHT_BYTES // nbytes))
         devices = self.local[:1] if alone else self.local
-        exe, held = self._kernels_module(kind, kernels, devices,
-                                         (n // min(n, 1024), min(n, 1024)))
+        rows, cols = n // min(n, 1024), min(n, 1024)
+        exe, held = self._module(kernels_hlo(kind, kernels, len(devices), rows, cols),
+                                 devices)
+        return self._per_kernel(exe, held, kernels, alone, kernels)
+
+    def _per_kernel(self, exe, held, kernels: int, alone: bool, arguments: int) -> float:
+        """One of a module's `kernels` kernels: the module, as alpa-run runs it (the XLA
+        bridge, waited for), less its launch, the arrays it returns and the arguments it
+        takes (a plan's module is priced with them: `launch_seconds`)."""
+        from alpac.xla.bridge import execute_unchecked
 
         def run(r):
             for _ in range(r):
@@ -213,17 +249,21 @@ class Rank(HostProbes):
             launch = self.launch_alone_s
         else:
             launch = self.launch() if self.launch_s is None else self.launch_s
-        host = launch + kernels * self._pair_s(alone)
+        host = launch + kernels * self._pair_s(alone) + \
+            (arguments - kernels) * self._argument_s(alone)
         return max(module - host, module / 2) / kernels  # noise never leaves nothing
 
-    def _kernels_module(self, kind: str, count: int, devices, shape: tuple[int, int]):
-        """The module of `memory` (`kernels_hlo`), compiled by the XLA bridge, and its
-        arguments: `count` f32 arrays of `shape` per device, split over `devices`."""
+    def _module(self, text: str, devices, last: float | None = None):
+        """Module `text` compiled by the XLA bridge for `devices`, and its arguments, each
+        filled with its position + 1 (the last with `last` where given)."""
         from alpac.xla.bridge import compile_hlo, jax_parameter_shardings
-        d, (rows, cols) = len(devices), shape
-        exe = compile_hlo(kernels_hlo(kind, count, d, rows, cols), devices)
-        return exe, [self.jax.device_put(np.full((d * rows, cols), i + 1, np.float32), s)
-                     for i, s in enumerate(jax_parameter_shardings(exe))]
+        exe = compile_hlo(text, devices)
+        types = exe.parameter_types
+        values = [i + 1 for i in range(len(types))]
+        if last is not None:
+            values[-1] = last
+        return exe, [self.jax.device_put(np.full(dims, v, dtype), sharding) for (dims, dtype), v,
+                     sharding in zip(types, values, jax_parameter_shardings(exe))]
 
     def arithmetic(self, kind: str) -> float:
         """Seconds per element and op of a long elementwise chain over an array that stays in

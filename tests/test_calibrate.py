@@ -57,6 +57,9 @@ def test_quick_calibration_loads_and_is_complete(calibrated):
     assert cal["launch_s"] > 0 and "2 ranks x 2 devices" in cal["source"]
     # a transcendental costs more than a multiply or an add, and both far less than a launch
     assert 0 < cal["flop_s"] < cal["transcendental_s"] < cal["launch_s"]
+    # a batched dot whose lhs holds its matrices transposed (XLA's CPU backend runs it in a
+    # loop of its own) takes longer than a flat dot of the same FLOPs
+    assert cal["matrix_s"] > 0
     # a returned array costs the host less than a launch, but not nothing
     assert 0 < cal["array_s"] < cal["launch_s"]
     # the same on one device alone (the host's work of a plan on fewer devices)

@@ -754,3 +754,50 @@ def test_a_rank_that_waits_pays_the_cpu_of_waking_its_launches_and_its_polling(t
     assert plan["estimate"]["host_cores_s"] == pytest.approx(host_cores_seconds(c, loads))
     without = _two_stage_plan(tmp_path, "busy", text.replace(figures, ""))
     assert without["estimate"]["host_cores_s"] < plan["estimate"]["host_cores_s"]
+
+
+BATCHED = "lhs_batch_dims={0}, rhs_batch_dims={0}, rhs_contracting_dims={1}"
+BATCHED_DOTS = f"""\
+HloModule batched
+ENTRY e {{
+  a = f32[8,16,4]{{2,1,0}} parameter(0)
+  b = f32[8,16,16]{{2,1,0}} parameter(1)
+  forward = f32[8,4,16]{{2,1,0}} dot(a, b), lhs_contracting_dims={{1}}, {BATCHED}
+  kept = f32[8,16,4]{{2,1,0}} transpose(a), dimensions={{0,1,2}}
+  normal = f32[8,16,16]{{2,1,0}} dot(kept, forward), lhs_contracting_dims={{2}}, {BATCHED}
+  ROOT t = (f32[8,4,16]{{2,1,0}}, f32[8,16,16]{{2,1,0}}) tuple(forward, normal)
+}}
+"""
+
+
+def test_a_batched_dot_whose_lhs_holds_its_matrices_transposed_pays_each_matrix(tmp_path):
+    """XLA's CPU backend runs a batched dot whose lhs has its contracted dimension before its
+    free one (and whose rhs too) in a loop of its own: `matrix_s` per matrix a device holds,
+    beyond the dot table; other batched dots are the table alone."""
+    from alpac.analysis.costs import CostTable, transposed_batch
+    from alpac.hlo import parse_hlo
+    from alpac.intraop.builder import build_graph, strategy_seconds
+    module = parse_hlo(BATCHED_DOTS)
+    by_name = {i.name: i for i in module.entry.instructions}
+    assert transposed_batch(by_name["forward"]) == 1 and transposed_batch(by_name["normal"]) == 0
+    text = CLUSTER.replace("  launch_s: LAUNCH\n", "  launch_s: LAUNCH\n  matrix_s: 1.0e-6\n")
+    c = load_cluster(cluster(tmp_path, text=text))
+    assert c.calibration.to_dict()["matrix_s"] == 1e-6
+    model = CostModel(c, LogicalMesh((1,), (0,)))
+    table = model.compute(16384, 0, "f32", "dot")
+    assert model.compute(16384, 0, "f32", "dot", matrices=8) == pytest.approx(table + 8e-6)
+    # on 2 devices: split on the batch, each device has 4 matrices; split on n, all 8
+    costs = CostTable(module)
+    sg = build_graph(module, LogicalMesh((2,), (0, 1)), c, costs)
+    plain = CostModel(c, LogicalMesh((2,), (0, 1)))
+    extra = {}
+    for instr in (by_name["forward"], by_name["normal"]):
+        for st in sg.plans[instr].strategies:
+            flops = costs[instr].flops / st.divisor
+            split = tuple(bool(axes) for axes in st.outputs[0].dim_axes)
+            extra[instr.name, split] = strategy_seconds(sg, instr, st) - \
+                plain.compute(flops, 0, "f32", "dot") - \
+                sum(col.seconds(sg.model) for col in st.collectives)
+    assert extra["forward", (True, False, False)] == pytest.approx(4e-6)
+    assert extra["forward", (False, False, True)] == pytest.approx(8e-6)
+    assert all(v == pytest.approx(0) for (name, _), v in extra.items() if name == "normal")

@@ -16,22 +16,23 @@ share, alpac.analysis.fusion), not the bytes each instruction would move alone. 
 bandwidths are the peaks times the file's `efficiency:` shares (1 where it has none). Unlike
 XLA's auto-sharding costs, nothing is rounded to integers.
 
-A calibrated cluster (`alpac calibrate`, alpac/plan/calibration.py) replaces these formulas by
-its measured tables where it has one: dots by FLOPs, elementwise work and reductions by bytes,
-each collective by link kind, group size and bytes, point-to-point sends by bytes. Across
-nodes a collective was measured one group at a time, and with a group per device of a node
-at once (`inter_node_shared`): where a mesh runs several groups across one node's link at
-once (data parallelism across nodes beside tensor parallelism inside them), each is priced
-by the second (fewer than a node's devices: in between, `Calibration.shared_seconds`), or,
-in files without it, as one group carrying all their bytes (inside a node every device was
-in a group when measured). On this machine 2 groups of 4 ranks at once took 1.3-1.5x that
-one group's price for 4-64 KiB, 4 groups of 2 ranks 2-2.5x
-(benchmarks/results/collective_forms*.md). The tables hold work inside a module (measured
-repeated within one execution); launching a module is counted once per module execution
-instead, with each array it takes and returns (`launch_seconds`), and each array a step
-feeds its modules likewise (`feed_seconds`). They were measured with every device of the
-calibration working; where its `concurrency` table says devices share a host (virtual CPU
-devices), compute on a cluster cut to fewer devices (a plan that leaves the rest idle)
+A calibrated cluster (`alpac calibrate`, alpac/plan/calibration.py) replaces these formulas
+by its measured tables where it has one: dots by FLOPs (each matrix of a batched dot XLA's
+CPU backend runs in a loop of its own by `matrix_s` beyond them), elementwise work and
+reductions by bytes, each collective by link kind, group size and bytes, point-to-point
+sends by bytes. Across nodes a collective was measured one group at a time, and with a group
+per device of a node at once (`inter_node_shared`): where a mesh runs several groups across
+one node's link at once (data parallelism across nodes beside tensor parallelism inside
+them), each is priced by the second (fewer than a node's devices: in between,
+`Calibration.shared_seconds`), or, in files without it, as one group carrying all their
+bytes (inside a node every device was in a group when measured). On this machine 2 groups of
+4 ranks at once took 1.3-1.5x that one group's price for 4-64 KiB, 4 groups of 2 ranks
+2-2.5x (benchmarks/results/collective_forms*.md). The tables hold work inside a module
+(its launch and arrays subtracted where measured); launching a module is counted once per
+module execution instead, with each array it takes and returns (`launch_seconds`), and each array a
+step feeds its modules likewise (`feed_seconds`). They were measured with every device of
+the calibration working; where its `concurrency` table says devices share a host (virtual
+CPU devices), compute on a cluster cut to fewer devices (a plan that leaves the rest idle)
 costs between the every-device tables and the one-alone ones (`Calibration.alone_tables`;
 without them, the concurrency share of the every-device ones), launching likewise between
 its every-device and its one-alone figures.
@@ -233,40 +234,42 @@ class CostModel:
 
     def compute(self, flops: float, nbytes: float, dtype: str = "f32",
                 kind: str = "elementwise", kernel_bytes: float | None = None,
-                transcendentals: float = 0.0) -> float:
+                transcendentals: float = 0.0, matrices: float = 0.0) -> float:
         """Seconds of an instruction's work: `kind` is dot, reduce or elementwise (which
         measured table prices it, on a calibrated cluster). With `kernel_bytes` (the bytes of
         the fused kernel the instruction runs in, alpac.analysis.fusion) the instruction
         costs its share, `nbytes` of them, of the kernel's memory time, or its arithmetic
         at the measured per-op rates where that takes longer (sqrt, exp, divide chains).
-        On a cluster cut to fewer devices that share a host, between this with every device
-        working and with one alone (module docstring)."""
+        A dot's `matrices`: those of a batched dot whose lhs holds them transposed, each
+        dearer on a CPU (`Calibration.dot_seconds`). On a cluster cut to fewer devices that
+        share a host, between this with every device working and with one alone (module
+        docstring)."""
         calibration = self.cluster.calibration
         every = self._compute(calibration, flops, nbytes, dtype, kind, kernel_bytes,
-                              transcendentals)
+                              transcendentals, matrices)
         if self._alone is None:
             return self._share * every
         alone = self._compute(self._alone, flops, nbytes, dtype, kind, kernel_bytes,
-                              transcendentals)
+                              transcendentals, matrices)
         return between(alone, every, self._toward_every)
 
     def _compute(self, calibration, flops: float, nbytes: float, dtype: str, kind: str,
-                 kernel_bytes: float | None, transcendentals: float) -> float:
+                 kernel_bytes: float | None, transcendentals: float, matrices: float
+                 ) -> float:
         """`compute` by `calibration`'s tables (the roofline without them)."""
-        if calibration is not None:
-            if kind == "dot" and flops:
-                table = calibration.dot.get(dtype) or calibration.dot.get("f32")
-                size = flops
-            else:
-                table = calibration.reduce if kind == "reduce" else None
-                table = table or calibration.elementwise
-                size = nbytes
+        if calibration is not None and kind == "dot" and flops:
+            measured = calibration.dot_seconds(flops, dtype, matrices)
+            if measured is not None:
+                return measured
+        elif calibration is not None:
+            table = (calibration.reduce if kind == "reduce" else None) or \
+                calibration.elementwise
             if table is not None and kernel_bytes is not None and kind != "dot":
                 memory = table(kernel_bytes) * nbytes / kernel_bytes if kernel_bytes > 0 else 0.0
                 return max(memory, flops * calibration.flop_s +
                            transcendentals * calibration.transcendental_s)
             if table is not None:
-                return table(size)
+                return table(nbytes)
         t = flops / self.cluster.dot_flops(dtype) if flops else 0.0
         memory = self.cluster.memory_throughput
         return max(t, nbytes / memory) if memory else t

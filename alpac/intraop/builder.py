@@ -12,12 +12,13 @@ memory points.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from alpac.analysis.costmodel import CostModel
-from alpac.analysis.costs import CostTable
+from alpac.analysis.costs import CostTable, transposed_batch
 from alpac.analysis.fusion import KernelShare, kernel_shares
 from alpac.errors import UserError
 from alpac.hlo.ir import Computation, Instruction, Module
@@ -485,8 +486,18 @@ def strategy_seconds(sg: ShardingGraph, instr: Instruction, st: Strategy) -> flo
                                        cost.transcendentals / st.divisor)
         else:
             compute = sg.model.compute(cost.flops / st.divisor, cost.bytes_accessed / st.divisor,
-                                       dtype, _work_kind(instr))
+                                       dtype, _work_kind(instr),
+                                       matrices=_transposed_matrices(instr, st, sg.mesh.shape))
     return compute + sum(c.seconds(sg.model) for c in st.collectives)
+
+
+def _transposed_matrices(instr: Instruction, st: Strategy, mesh_shape) -> int:
+    """A device's matrices of a batched dot whose lhs holds them transposed, at strategy `st`
+    (`transposed_batch`; 0 for other instructions)."""
+    batch = transposed_batch(instr)
+    if not batch:
+        return 0
+    return math.prod(st.outputs[0].tile_dims(instr.shape.dims, mesh_shape)[:batch])
 
 
 def _work_kind(instr: Instruction) -> str:

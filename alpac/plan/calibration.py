@@ -30,7 +30,7 @@ COLLECTIVE_LINKS = LINK_KINDS + ("inter_node_shared",)
 # one figure each (the field comments)
 SCALARS = ("launch_s", "flop_s", "transcendental_s", "array_s", "launch_alone_s",
            "array_alone_s", "feed_s", "free_s", "launch_cpu_s", "launch_cpu_alone_s",
-           "pause_cpu_s", "pause_s", "argument_s", "argument_alone_s")
+           "pause_cpu_s", "pause_s", "argument_s", "argument_alone_s", "matrix_s")
 # How alpa-run's ranks wait for a message (alpac.runtime.comm): polled, sleeping between two
 # polls, the first sleep this long, each next one longer by this factor up to the longest.
 POLL_FIRST_S, POLL_GROWTH, POLL_LONGEST_S = 2e-5, 1.5, 1e-3
@@ -96,6 +96,10 @@ class Calibration:
     # device working, and on one alone (0 in files before it: their array_s has one in it)
     argument_s: float = 0.0
     argument_alone_s: float = 0.0
+    # beyond a dot's FLOPs, each matrix of a batched dot whose lhs holds its matrices
+    # transposed (a backward pass's attention), which XLA's CPU backend runs in a loop of
+    # its own (`dot_seconds`; 0 in files before it)
+    matrix_s: float = 0.0
     dot: dict[str, Table] = field(default_factory=dict)  # element type -> FLOPs table
     elementwise: Table | None = None  # bytes read + written by a fused elementwise chain
     reduce: Table | None = None  # bytes read
@@ -167,11 +171,14 @@ class Calibration:
         least = self.compute_share(1)
         return replace(self, dot={**dot, "f32": alone}, elementwise=self.alone["elementwise"],
                        reduce=self.alone["reduce"], flop_s=self.flop_s * least,
-                       transcendental_s=self.transcendental_s * least, alone={})
+                       transcendental_s=self.transcendental_s * least,
+                       matrix_s=self.matrix_s * least, alone={})
 
-    def dot_seconds(self, flops: float, dtype: str) -> float | None:
+    def dot_seconds(self, flops: float, dtype: str, matrices: float = 0.0) -> float | None:
+        """A dot of `flops` FLOPs (None without a dot table), `matrices` of them the matrices
+        of a batched dot whose lhs holds them transposed (`matrix_s` each)."""
         table = self.dot.get(dtype) or self.dot.get("f32")
-        return None if table is None else table(flops)
+        return None if table is None else table(flops) + matrices * self.matrix_s
 
     def collective_seconds(self, link: str, kind: str, group: int, nbytes: float,
                            ring) -> float | None:

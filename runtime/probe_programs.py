@@ -18,10 +18,9 @@ def kernels_hlo(kind: str, count: int, d: int, rows: int, cols: int) -> str:
     """`count` kernels one after the other, each on an f32 array of [rows, cols] per device
     (split over `d` devices on axis 0), each returning its result in new memory: a fused
     chain of four elementwise ops (`kind` "elementwise") or a row sum ("reduce")."""
-    array = f"f32[{d * rows},{cols}]"
-    split = f"sharding={{devices=[{d},1]<=[{d}]}}"
+    array, split = _array("f32", [d * rows, cols]), f"sharding={_tiles(d, 2)}"
     if kind == "elementwise":
-        result, out_split, header = array, split, "HloModule kernels\n"
+        result, out_tiles, header = array, _tiles(d, 2), "HloModule kernels\n"
         scalars = "".join(f"  {c} = f32[] constant({v})\n  {c}s = {array} broadcast({c}), "
                           f"dimensions={{}}\n" for c, v in
                           (("half", 0.5), ("quarter", 0.25), ("low", -1), ("rise", 1.5)))
@@ -31,14 +30,14 @@ def kernels_hlo(kind: str, count: int, d: int, rows: int, cols: int) -> str:
                        f"  r{i} = {array} multiply(x{i}, rises), {split}\n"
                        for i in range(count))
     else:
-        result, out_split = f"f32[{d * rows}]", f"sharding={{devices=[{d}]<=[{d}]}}"
+        result, out_tiles = _array("f32", [d * rows]), _tiles(d, 1)
         scalars = "  zero = f32[] constant(0)\n"
         body = "".join(f"  r{i} = {result} reduce(p{i}, zero), dimensions={{1}}, "
-                       f"to_apply=sum, {out_split}\n" for i in range(count))
+                       f"to_apply=sum, sharding={out_tiles}\n" for i in range(count))
         header = ("HloModule kernels\nsum {\n  x = f32[] parameter(0)\n"
                   "  y = f32[] parameter(1)\n  ROOT s = f32[] add(x, y)\n}\n")
     params = "".join(f"  p{i} = {array} parameter({i}), {split}\n" for i in range(count))
-    return _module(body, params, result, out_split.split("=", 1)[1], count, header, scalars)
+    return _module(body, params, result, out_tiles, count, header, scalars)
 
 
 def dots_hlo(count: int, d: int, dtype: str, batch: int, m: int, k: int, n: int,
@@ -55,26 +54,30 @@ def dots_hlo(count: int, d: int, dtype: str, batch: int, m: int, k: int, n: int,
     else:
         lhs, rhs, out = [d * m, k], [k, n], [d * m, n]
         dnums = "lhs_contracting_dims={1}, rhs_contracting_dims={0}"
-
-    def array(dims):
-        return f"{dtype}[{','.join(map(str, dims))}]"
-
-    def split(dims):
-        return f"sharding={{devices=[{d}{',1' * (len(dims) - 1)}]<=[{d}]}}"
-    w_split = split(rhs) if batch else "sharding={replicated}"
-    params = "".join(f"  p{i} = {array(lhs)} parameter({i}), {split(lhs)}\n"
-                     for i in range(count))
-    params += f"  w = {array(rhs)} parameter({count}), {w_split}\n"
-    body = "".join(f"  r{i} = {array(out)} dot(p{i}, w), {dnums}, {split(out)}\n"
+    w_tiles = _tiles(d, len(rhs)) if batch else "{replicated}"
+    params = "".join(f"  p{i} = {_array(dtype, lhs)} parameter({i}), "
+                     f"sharding={_tiles(d, len(lhs))}\n" for i in range(count))
+    params += f"  w = {_array(dtype, rhs)} parameter({count}), sharding={w_tiles}\n"
+    result, out_tiles = _array(dtype, out), _tiles(d, len(out))
+    body = "".join(f"  r{i} = {result} dot(p{i}, w), {dnums}, sharding={out_tiles}\n"
                    for i in range(count))
-    return _module(body, params, array(out), split(out).split("=", 1)[1], count)
+    return _module(body, params, result, out_tiles, count)
 
 
-def _module(body: str, params: str, result: str, out_split: str, count: int,
+def _array(dtype: str, dims: list[int]) -> str:
+    return f"{dtype}[{','.join(map(str, dims))}]"
+
+
+def _tiles(d: int, rank: int) -> str:
+    """The sharding of an array of `rank` dimensions split over `d` devices on axis 0."""
+    return f"{{devices=[{d}{',1' * (rank - 1)}]<=[{d}]}}"
+
+
+def _module(body: str, params: str, result: str, out_tiles: str, count: int,
             header: str = "HloModule kernels\n", scalars: str = "") -> str:
     """An entry of `params`, `scalars` and `body`, returning the `count` results r0, r1, ...
-    (each `result` split as `out_split`) as a tuple, or r0 alone."""
-    tuple_split = "{" + ", ".join([out_split] * count) + "}"
+    (each `result` with sharding `out_tiles`) as a tuple, or r0 alone."""
+    tuple_split = "{" + ", ".join([out_tiles] * count) + "}"
     root = f"  ROOT t = ({', '.join([result] * count)}) tuple(" \
         f"{', '.join(f'r{i}' for i in range(count))}), sharding={tuple_split}\n"
     if count == 1:

@@ -262,8 +262,9 @@ class Rank(HostProbes):
         values = [i + 1 for i in range(len(types))]
         if last is not None:
             values[-1] = last
-        return exe, [self.jax.device_put(np.full(dims, v, dtype), sharding) for (dims, dtype), v,
-                     sharding in zip(types, values, jax_parameter_shardings(exe))]
+        shardings = jax_parameter_shardings(exe)
+        return exe, [self.jax.device_put(np.full(dims, v, dtype), sharding)
+                     for (dims, dtype), v, sharding in zip(types, values, shardings)]
 
     def arithmetic(self, kind: str) -> float:
         """Seconds per element and op of a long elementwise chain over an array that stays in

@@ -27,9 +27,9 @@ them), each is priced by the second (fewer than a node's devices: in between,
 `Calibration.shared_seconds`), or, in files without it, as one group carrying all their
 bytes (inside a node every device was in a group when measured). On this machine 2 groups of
 4 ranks at once took 1.3-1.5x that one group's price for 4-64 KiB, 4 groups of 2 ranks
-2-2.5x (benchmarks/results/collective_forms*.md). The tables hold work inside a module
-(its launch and arrays subtracted where measured); launching a module is counted once per
-module execution instead, with each array it takes and returns (`launch_seconds`), and each array a
+2-2.5x (benchmarks/results/collective_forms*.md). The tables hold work inside a module (its
+launch and arrays subtracted where measured); launching a module is counted once per module
+execution instead, with each array it takes and returns (`launch_seconds`), and each array a
 step feeds its modules likewise (`feed_seconds`). They were measured with every device of
 the calibration working; where its `concurrency` table says devices share a host (virtual
 CPU devices), compute on a cluster cut to fewer devices (a plan that leaves the rest idle)

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from alpac.runtime.comm import EXIT_CHECK, EXIT_RUNTIME, EXIT_USAGE
 from alpac.plan.calibration import HOST_COUNTS, SCALARS
+from alpac.plan.io import write_replacing
 from alpac.runtime.calibration_grid import (Point, collective_bytes, collective_phase,
                                             dot_shapes, dot_side, grid)
 from alpac.runtime.status import STATUS_ENV, write_json
@@ -60,7 +61,11 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--worker"]:
         sys.exit(worker(argv[1], Path(argv[2])))
-    sys.exit(calibrate(Options(**json.loads(argv[0])), argv[1:]))
+    from alpac.errors import UserError
+    try:
+        sys.exit(calibrate(Options(**json.loads(argv[0])), argv[1:]))
+    except UserError as e:  # e.g. the cluster file or the drift report could not be written
+        sys.exit(fail_usage(str(e)))
 
 
 def fail_usage(message: str) -> int:
@@ -409,9 +414,7 @@ def write_calibrated(opts: Options, n: int, k: int, points: list[Point], seconds
         "# host_cores: the ranks that ran on each host and the cores they shared.",
     ]
     out = Path(opts.output)
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text("\n".join(header + render_yaml(data)) + "\n")
-    os.replace(tmp, out)
+    write_replacing(out, "\n".join(header + render_yaml(data)) + "\n", "cluster file")
     dev, cal = data["device"], data["calibration"]
     Console(highlight=False).print(
         f"calibrated cluster written to {out} ({n} ranks x {k} devices, {took:.0f} s): dot "
@@ -524,7 +527,8 @@ def report_drift(samples: list[Sample], seconds: list[float], tolerance: float,
     over = [f"{name} {d['drift']:.2f}x" for name, d in drifts.items() if not d["within_tolerance"]]
     Console(highlight=False).print(view)
     if report:
-        write_json(Path(report), {"tolerance": tolerance, "tables": drifts})
+        write_replacing(report, json.dumps({"tolerance": tolerance, "tables": drifts}) + "\n",
+                        "drift report")
     if over:
         print(f"alpac: check failed: {len(over)} of {len(ratios)} tables drifted by more than "
               f"{tolerance:.0%}: {', '.join(over[:6])}{', ...' if len(over) > 6 else ''}",

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from alpac.errors import UserError
+from alpac.plan.io import replacing
 from alpac.plan.program import Program
 from alpac.runtime.transfers import host_dtype
 
@@ -210,12 +211,8 @@ def assemble(pieces: list, slots, num_micro_batches: int) -> list[np.ndarray]:
 
 
 def save(path: Path, outputs: list[np.ndarray]) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "wb") as f:
-            np.savez(f, **{f"out{k}": a for k, a in enumerate(outputs)})
-    except OSError as e:
-        raise UserError(f"cannot write outputs: {e.strerror}", path=str(path)) from None
+    with replacing(path, "outputs") as f:
+        np.savez(f, **{f"out{k}": a for k, a in enumerate(outputs)})
 
 
 # ---- check -------------------------------------------------------------------------------

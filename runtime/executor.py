@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from alpac.errors import UserError
+from alpac.plan.io import read_plan_text
 from alpac.runtime.collectives import rejoin_reduce_scatters
 from alpac.runtime.comm import Comm
 from alpac.runtime.timeline import Task, Timeline
@@ -83,11 +84,7 @@ class Executor:
                 continue
             path = plan_dir / mod.file
             if mod.file not in texts:
-                try:
-                    texts[mod.file] = path.read_text()
-                except OSError as e:
-                    raise UserError(f"cannot read module {mod.name}: {e.strerror}",
-                                    path=str(path)) from None
+                texts[mod.file] = read_plan_text(plan_dir, mod.file, "module file")
             text = texts[mod.file]
             devices = self.meshes[mod.mesh]
             if devices[0].platform == "cpu" and len({d.process_index for d in devices}) > 1:

@@ -12,7 +12,8 @@ The launcher checks the plan before starting anything (a missing or corrupt plan
 another number of devices, ends with one line and exit code 2), passes the ranks' output
 through without mpiexec's banners, and when a rank fails prints one line naming the rank and
 the cause. Exit codes: 0 success, 1 `--check` failed, 2 bad input, 3 a rank failed (raised,
-timed out, was killed).
+timed out, was killed), 128 + the signal's number when SIGTERM, SIGHUP or SIGINT stopped it
+(it ends mpiexec and every rank first, and removes the shared memory killed ranks left).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -32,6 +34,7 @@ from pathlib import Path
 import click
 
 from alpac.runtime.comm import EXIT_RUNTIME, EXIT_USAGE
+from alpac.runtime.processes import kill_tree, remove_abandoned_segments, segments
 from alpac.runtime.status import STATUS_ENV
 
 SCHEDULES = ("gpipe", "1f1b")
@@ -151,17 +154,16 @@ def find_mpiexec() -> str | None:
 
 
 def check_plan(opts) -> int:
-    """The plan's device count (UserError if the plan cannot be run)."""
+    """The plan's device count (UserError if the plan cannot be run: loading it checks every
+    file it names, `alpac.plan.io.plan_file`)."""
     from alpac.errors import UserError
+    from alpac.plan.io import SOURCE_FILE
     from alpac.plan.program import load_program
     from alpac.runtime.timeline import build
     plan_dir = Path(opts.plan)
     plan, _, program, where = load_program(plan_dir)
     build(program, opts.schedule, where)
-    for m in program.modules:
-        if not (plan_dir / m.file).is_file():
-            raise UserError(f"the plan's module file {m.file} is missing", path=where)
-    if opts.check and not (plan_dir / "source.hlo").is_file():
+    if opts.check and not os.path.lexists(plan_dir / SOURCE_FILE):
         raise UserError("--check needs the original module source.hlo in the plan",
                         path=str(plan_dir))
     if opts.inputs and not Path(opts.inputs).is_file():
@@ -210,7 +212,8 @@ def run_ranks(mpiexec: str, n: int, extra: list[str], module_args: list[str], de
         env.setdefault("ALPAC_RUN_COLOR", "1")
         env.setdefault("ALPAC_RUN_WIDTH", str(shutil.get_terminal_size().columns))
     try:
-        return _supervise(cmd, env, status, n, debug, prog)
+        with _StopSignals() as stop:
+            return _supervise(cmd, env, status, n, debug, prog, stop)
     finally:
         shutil.rmtree(status, ignore_errors=True)
 
@@ -234,7 +237,9 @@ def worker_args(opts) -> list[str]:
 _BANNER = re.compile(r"^(=+|=\s.*|YOUR APPLICATION TERMINATED WITH THE EXIT STRING:.*|"
                      r"This typically refers to a problem with your application\.|"
                      r"Please see the FAQ page for debugging suggestions|"
-                     r"Abort\(\d+\) on node \d+.*application called MPI_Abort.*)$")
+                     r"Abort\(\d+\) on node \d+.*application called MPI_Abort.*|"
+                     r"\[mpiexec@[^\]]*\] (Sending Ctrl-C to processes as requested|"
+                     r"Press Ctrl-C again to force abort))$")
 
 
 # gloo's connection messages (two ranks' may interleave on one line)
@@ -287,7 +292,9 @@ class _Output:
             sys.stderr.flush()
 
 
-def _supervise(cmd, env, status: Path, n: int, debug: bool, prog: str = "alpa-run") -> int:
+def _supervise(cmd, env, status: Path, n: int, debug: bool, prog: str,
+               stop: "_StopSignals") -> int:
+    segments_before = segments()
     try:
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 stdin=subprocess.DEVNULL)
@@ -299,25 +306,44 @@ def _supervise(cmd, env, status: Path, n: int, debug: bool, prog: str = "alpa-ru
     for t in readers:
         t.start()
     deaths = _Deaths(status)
-    ended_at = None
-    try:
-        while proc.poll() is None:
-            time.sleep(0.05)
-            if list(status.glob("error.rank*.json")):
-                out.failed = True
-            out.release()
-            if ended_at is None and deaths.silent():
-                ended_at = time.monotonic()  # a rank died without a word: end the others
-                out.failed = True
-            if ended_at is not None and time.monotonic() - ended_at > _GRACE:
-                _end(proc, deaths)
-    except KeyboardInterrupt:
-        proc.send_signal(2)
-        proc.wait()
-        out.failed = True
+    _watch(proc, out, deaths, stop)
     for t in readers:
         t.join(timeout=5)
-    rc = proc.returncode
+    if proc.returncode != 0:  # ranks that were killed left MPICH's shared memory behind
+        remove_abandoned_segments(segments_before)
+    if stop.received:
+        out.failed = True
+        out.release(final=True)
+        click.echo(f"{prog}: stopped by {signal.Signals(stop.received).name}: mpiexec and "
+                   f"every rank were ended", err=True)
+        return 128 + stop.received
+    return _verdict(proc.returncode, out, deaths, status, debug, prog)
+
+
+def _watch(proc, out: "_Output", deaths: "_Deaths", stop: "_StopSignals") -> None:
+    """Until mpiexec exits: pass the output on; end the job when a rank died without a word
+    and mpiexec does not end it, or when a signal asks the launcher to stop."""
+    ended_at = None
+    while proc.poll() is None:
+        time.sleep(0.05)
+        if stop.received:
+            out.failed = True
+            _end(proc, signal.SIGINT)  # as Ctrl-C to mpiexec: it passes it to every rank
+            return
+        if list(deaths.status.glob("error.rank*.json")):
+            out.failed = True
+        out.release()
+        if ended_at is None and deaths.silent():
+            ended_at = time.monotonic()  # a rank died without a word: end the others
+            out.failed = True
+        if ended_at is not None and time.monotonic() - ended_at > _GRACE:
+            _end(proc, signal.SIGTERM)
+
+
+def _verdict(rc: int, out: "_Output", deaths: "_Deaths", status: Path, debug: bool,
+             prog: str) -> int:
+    """The exit code of the run mpiexec ended with `rc`, and one line naming the rank that
+    failed first and why."""
     errors = []
     for f in status.glob("error.rank*.json"):
         try:
@@ -357,22 +383,38 @@ def _supervise(cmd, env, status: Path, n: int, debug: bool, prog: str = "alpa-ru
 # own, and for mpiexec to end the job itself and say how the rank died (it usually takes
 # milliseconds; on a loaded machine over a second, and ending it sooner loses the reason)
 _GRACE = 5.0
+# after the launcher signals mpiexec to end the job: seconds before it kills what is left
+_END_GRACE = 3.0
 
 
-def _end(proc, deaths) -> None:
-    """End mpiexec and every rank (mpiexec forwards SIGTERM; SIGKILL what is left)."""
-    import signal
-    proc.terminate()
+def _end(proc, first: signal.Signals) -> None:
+    """End mpiexec and every rank: `first` to mpiexec, which passes it to the ranks on every
+    host; what is left on this machine after `_END_GRACE` is killed (`kill_tree`)."""
+    proc.send_signal(first)
     try:
-        proc.wait(timeout=3)
+        proc.wait(timeout=_END_GRACE)
     except subprocess.TimeoutExpired:
-        for pid in deaths.pids.values():
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        proc.kill()
+        kill_tree(proc.pid)
         proc.wait()
+
+
+class _StopSignals:
+    """SIGTERM, SIGHUP and SIGINT to the launcher while it supervises the ranks: noted, not
+    raised, so that it ends mpiexec and every rank before it exits (128 + the signal)."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+    def __enter__(self) -> "_StopSignals":
+        self.received: int | None = None
+        self._before = {s: signal.signal(s, self._note) for s in self.SIGNALS}
+        return self
+
+    def _note(self, signum: int, _frame) -> None:
+        self.received = self.received or signum
+
+    def __exit__(self, *_) -> None:
+        for s, handler in self._before.items():
+            signal.signal(s, handler)
 
 
 class _Deaths:

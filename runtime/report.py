@@ -167,12 +167,8 @@ def module_times(timeline, per_rank: list) -> list[dict]:
 
 
 def write(report: dict, path: Path) -> None:
-    from alpac.errors import UserError
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(report, indent=1) + "\n")
-    except OSError as e:
-        raise UserError(f"cannot write the report: {e.strerror}", path=str(path)) from None
+    from alpac.plan.io import write_replacing
+    write_replacing(path, json.dumps(report, indent=1) + "\n", "report")
 
 
 def render(report: dict, console) -> None:

@@ -344,7 +344,7 @@ def _say_check_failed(check: dict, rtol: float) -> None:
 
 def _setup(comm, opts: Options) -> _Setup:
     from alpac.errors import UserError
-    from alpac.plan.io import plan_identity
+    from alpac.plan.io import SOURCE_FILE, plan_identity, read_plan_text
     from alpac.plan.program import load_program
     from alpac.runtime.data import Layout, entry_parameters, load_inputs, program_parameters
     from alpac.runtime.timeline import build
@@ -358,11 +358,9 @@ def _setup(comm, opts: Options) -> _Setup:
         raise UserError(f"the plan runs on {needed_devices} devices, but {comm.size} ranks x "
                         f"{opts.devices_per_rank} devices per rank = {launched} were launched",
                         path=where)
-    missing = sorted({m.file for m in program.modules if not (plan_dir / m.file).is_file()})
-    if missing:
-        raise UserError(f"the plan's module file {missing[0]} is missing", path=where)
-    source_path = plan_dir / "source.hlo"
-    source_text = source_path.read_text() if source_path.is_file() else None
+    source_path = plan_dir / SOURCE_FILE  # load_program checked every file the plan names
+    source_text = (read_plan_text(plan_dir, SOURCE_FILE, "source module")
+                   if os.path.lexists(source_path) else None)
     if opts.check and source_text is None:
         raise UserError("--check needs the original module source.hlo in the plan",
                         path=str(plan_dir))

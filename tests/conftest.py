@@ -1,8 +1,11 @@
 """Test session setup: 8 virtual CPU devices for XLA, set before anything imports jax."""
 
 import os
+import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + " --xla_force_host_platform_device_count=8").strip()
@@ -12,3 +15,14 @@ ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
 TESTDATA = ROOT / "testdata"
 sys.path.insert(0, str(ROOT))
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(scope="session")
+def mlp_plan(tmp_path_factory) -> Path:
+    """A one-stage plan of the MLP training step on two devices (copy it to change it)."""
+    out = tmp_path_factory.mktemp("plans") / "mlp"
+    subprocess.run([str(BIN / "alpac"), "compile", str(TESTDATA / "models" / "mlp_train.hlo"),
+                    "--mesh", "2", "--time-limit", "10", "-o", str(out)], check=True,
+                   capture_output=True)
+    return out

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from alpac.errors import UserError
-from alpac.plan.io import load_plan
+from alpac.plan.io import load_plan, read_plan_text
 from alpac.plan.program import Role
 from alpac.units import duration, si
 
@@ -26,11 +26,11 @@ def load(plan_dir: str | Path) -> dict:
 
 
 def decisions(plan_dir: str | Path, stage: dict) -> list[dict]:
-    path = Path(plan_dir) / stage["decisions"]
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise UserError(f"cannot read the stage's decisions: {e}", path=str(path)) from None
+        return json.loads(read_plan_text(plan_dir, stage["decisions"], "decisions file"))
+    except json.JSONDecodeError as e:
+        raise UserError(f"cannot read the stage's decisions: {e}",
+                        path=str(Path(plan_dir) / stage["decisions"])) from None
 
 
 def render(plan: dict, plan_dir: Path, console: Console, pattern: str | None,
@@ -229,7 +229,7 @@ def verify(plan: dict, plan_dir: Path, console: Console) -> bool:
     ensure_host_device_count(need)
     ok = True
     for stage in plan["stages"]:
-        text = (plan_dir / stage["module"]).read_text()
+        text = read_plan_text(plan_dir, stage["module"], "module file")
         try:
             exe = compile_hlo(text, cpu_devices(len(stage["mesh"]["devices"])))
         except ValueError as e:  # XLA refused the module: the check fails, naming why

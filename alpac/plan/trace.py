@@ -21,7 +21,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from alpac.errors import UserError
+from alpac.plan.io import write_replacing
 from alpac.plan.program import Role
 from alpac.plan.schedule import stage_tasks
 
@@ -73,11 +73,7 @@ def _microseconds(seconds: float) -> float:
 
 
 def write_trace(trace: dict, path: Path) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(trace) + "\n")
-    except OSError as e:
-        raise UserError(f"cannot write the trace: {e.strerror}", path=str(path)) from None
+    write_replacing(path, json.dumps(trace) + "\n", "trace")
 
 
 # ---- the predicted schedule -----------------------------------------------------------------

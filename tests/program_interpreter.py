@@ -1,5 +1,9 @@
 """Run a `Program` in one process on XLA's virtual CPU devices: the reference the compiler
-side of pipelining is tested with, independent of MPI and of alpa-run."""
+side of pipelining is tested with, independent of MPI and of alpa-run.
+
+As alpa-run does, a value stays on the devices of its mesh between modules that take it in
+the sharding it has (an accumulated gradient reduced once per step holds each device's own
+partial sums there, alpac.intraop.deferral); any other is moved through the host."""
 
 from __future__ import annotations
 
@@ -46,7 +50,8 @@ def run_program(program: Program, texts: dict[str, str], args: list[np.ndarray],
                 if list(np.shape(x)) != list(want):
                     raise AssertionError(f"{module.name} parameter {k} ({p.value}) is "
                                          f"{list(np.shape(x))}, the program says {want}")
-            outputs = exes[module.name].run(inputs)
+            exe = exes[module.name]
+            outputs = exe.run_sharded(_arguments(exe, inputs))
             for p, out in zip(module.outputs, outputs):
                 if program.values[p.value].scope == "microbatch" and m is not None:
                     scope[p.value] = out
@@ -67,11 +72,35 @@ def run_program(program: Program, texts: dict[str, str], args: list[np.ndarray],
         outputs = []
         for spec in program.outputs:
             if spec.concat_dim is not None:
-                outputs.append(np.concatenate([per_mb[m][spec.value] for m in range(B)],
-                                              axis=spec.concat_dim))
+                outputs.append(np.concatenate([np.asarray(per_mb[m][spec.value])
+                                               for m in range(B)], axis=spec.concat_dim))
             else:
-                outputs.append(step[spec.value])
+                outputs.append(np.asarray(step[spec.value]))
         for out_index, param in program.aliases:
             k = next(i for i, o in enumerate(program.outputs) if o.index == list(out_index))
             args[param] = outputs[k]
     return outputs
+
+
+def _arguments(exe, inputs: list) -> list:
+    """Device arrays as the module takes them: kept where already laid out so (a copy where
+    the module donates it: the value may be read again), else through the host."""
+    import jax
+
+    out = []
+    donated = set(exe.donated_parameters)
+    for k, (x, sharding) in enumerate(zip(inputs, exe._param_shardings)):
+        if isinstance(x, jax.Array) and x.sharding.is_equivalent_to(sharding, x.ndim):
+            out.append(jax.device_put(x, x.sharding, may_alias=False) if k in donated else x)
+        else:
+            out.append(_host(exe, k, x))
+    return out
+
+
+def _host(exe, k: int, x):
+    """Argument k laid out from a host copy of `x`."""
+    import jax
+    shape, dtype = exe.parameter_types[k]
+    a = np.asarray(x).astype(dtype, copy=False)
+    return jax.make_array_from_callback(shape, exe._param_shardings[k],
+                                        lambda index: np.array(a[index], copy=True))

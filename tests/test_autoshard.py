@@ -422,3 +422,50 @@ def test_a_follower_hinted_apart_from_its_operand_reshards_once():
     assert (shardings["a"], shardings["b"]) == ("S0,R", "R,S0")
     resharded = [(i, c.kind) for i, c, _ in result.collectives if c.kind != "all-reduce"]
     assert resharded == [("a", "all-to-all")]
+
+
+ACCUMULATING_STAGE = """HloModule stage
+ENTRY stage {
+  x = f32[64,256] parameter(0)
+  dy = f32[64,256] parameter(1)
+  acc = f32[256,256] parameter(2)
+  w = f32[256,256] parameter(3)
+  g = f32[256,256] dot(x, dy), lhs_contracting_dims={0}, rhs_contracting_dims={0}
+  a = f32[256,256] add(acc, g)
+  lr = f32[] constant(0.1)
+  lrs = f32[256,256] broadcast(lr), dimensions={}
+  step = f32[256,256] multiply(a, lrs)
+  new = f32[256,256] subtract(w, step)
+  ROOT t = (f32[256,256], f32[256,256]) tuple(a, new)
+}
+"""
+
+
+def test_an_accumulated_gradient_is_all_reduced_once_per_step_by_the_update():
+    """A data-parallel weight gradient a microbatch computes (x and dy split on the batch)
+    is added to its accumulator unreduced and all-reduced once per step, before the update
+    reads it: priced once (not once per each of 4 microbatches), in the update's time, and
+    written as an all-reduce of the accumulator that the update reads."""
+    module = parse_hlo(ACCUMULATING_STAGE)
+    mesh = LogicalMesh.parse("8")
+    repeats = {"g": 4.0, "a": 4.0}
+
+    def batch_split(instr, idx, st):
+        want = {"x": "S0,R", "dy": "S0,R", "acc": "R,R", "w": "R,R"}.get(instr.name)
+        return want is None or str(st.outputs[0]) == want
+
+    deferred = auto_shard(module, mesh, load_cluster(P3), allow=batch_split, repeats=repeats,
+                          accumulations={"a": "step"})
+    plain = auto_shard(module, mesh, load_cluster(P3), allow=batch_split, repeats=repeats)
+    assert [d.contraction.name for d in deferred.deferred] == ["g"] and not plain.deferred
+    reduce_once = deferred.collective_summary()["all-reduce"]["seconds"]
+    assert deferred.communication_seconds() == pytest.approx(reduce_once)
+    assert plain.communication_seconds() > 3.5 * reduce_once  # every microbatch
+    roles = deferred.seconds_by(lambda name: "update" if name in ("step", "new") else "micro")
+    assert roles["update"] >= reduce_once
+    lines = print_module(deferred.module).splitlines()
+    reduces = [x for x in lines if " all-reduce(" in x]
+    assert len(reduces) == 1  # of the accumulated sum ("a"), on its per-device copies
+    operand = re.search(r"all-reduce\(%?([\w.]+)", reduces[0]).group(1)
+    made = next(x for x in lines if re.match(rf"\s*%?{re.escape(operand)} = ", x))
+    assert "SPMDFullToShardShape" in made and re.search(r"custom-call\(%?a\)", made)

@@ -280,7 +280,7 @@ def test_a_fused_chain_is_priced_as_the_kernel_xla_makes_of_it(tmp_path):
     from alpac.hlo import parse_hlo
     module = parse_hlo(FUSED_CHAIN)
     costs = CostTable(module)
-    shares = kernel_shares(module.entry, costs)
+    shares = kernel_shares(module.entry, costs, cpu=True)
     by_name = {i.name: s for i, s in shares.items()}
     array = 1024 * 256 * 4
     # p read, sc written (and the scalar the broadcast is made from)
@@ -330,7 +330,7 @@ def test_the_roofline_prices_fused_kernels_at_the_bandwidth_programs_get(tmp_pat
     assert model.prices_kernels
     module = parse_hlo(FUSED_CHAIN)
     costs = CostTable(module)
-    shares = kernel_shares(module.entry, costs)
+    shares = kernel_shares(module.entry, costs, cpu=True)
     chain = [(i, s) for i, s in shares.items() if s.kernel == pytest.approx(2 * 1024 * 256 * 4 + 4)]
     seconds = sum(model.compute(costs[i].flops, s.own, "f32", s.kind, s.kernel)
                   for i, s in chain)  # within 1%: a tiny op's arithmetic outlasts its bytes
@@ -364,7 +364,7 @@ def test_a_broadcast_two_kernels_use_is_made_again_in_each():
     totals = []
     for text in (shared, apart):
         module = parse_hlo(text)
-        shares = kernel_shares(module.entry, CostTable(module))
+        shares = kernel_shares(module.entry, CostTable(module), cpu=True)
         totals.append(sum(s.own for s in shares.values()))
     assert totals[0] == totals[1] == 2 * (2 * 512 * 512 * 4 + 4)
 
@@ -415,7 +415,8 @@ def test_kernels_are_the_ones_xla_runs_a_cheap_shared_op_made_again_in_each():
     from alpac.analysis.fusion import kernel_shares
     from alpac.hlo import parse_hlo
     module = parse_hlo(SHARED_PRODUCERS)
-    shares = {i.name: s for i, s in kernel_shares(module.entry, CostTable(module)).items()}
+    shares = {i.name: s for i, s in
+              kernel_shares(module.entry, CostTable(module), cpu=True).items()}
     kernels = {s.root.name for s in shares.values()
                if s.root.opcode not in ("parameter", "constant", "tuple")}
     assert kernels == {"x", "y", "e", "u", "v", "rows", "cols"}
@@ -447,7 +448,8 @@ def test_a_cheap_op_is_read_in_every_kernel_its_duplicated_users_are_made_in():
     from alpac.analysis.fusion import kernel_shares
     from alpac.hlo import parse_hlo
     module = parse_hlo(SHARED_TWICE)
-    shares = {i.name: s for i, s in kernel_shares(module.entry, CostTable(module)).items()}
+    shares = {i.name: s for i, s in
+              kernel_shares(module.entry, CostTable(module), cpu=True).items()}
     array = 256 * 256 * 4
     assert {s.root.name for s in shares.values()} >= {"k1", "k2", "k3", "k4"}
     assert shares["b"].own == 4 * 2 * array
@@ -801,3 +803,43 @@ def test_a_batched_dot_whose_lhs_holds_its_matrices_transposed_pays_each_matrix(
     assert extra["forward", (True, False, False)] == pytest.approx(4e-6)
     assert extra["forward", (False, False, True)] == pytest.approx(8e-6)
     assert all(v == pytest.approx(0) for (name, _), v in extra.items() if name == "normal")
+
+
+def _residual_chain(layers: int) -> str:
+    """A residual stream summed layer by layer, each sum also reduced (a norm's statistics)."""
+    lines = ["HloModule m", "sum {", "  a = f32[] parameter(0)", "  b = f32[] parameter(1)",
+             "  ROOT c = f32[] add(a, b)", "}", "ENTRY e {",
+             "  a0 = f32[256,256] parameter(0)", "  y = f32[256,256] parameter(1)",
+             "  z = f32[] constant(0)"]
+    for k in range(1, layers + 1):
+        lines += [f"  a{k} = f32[256,256] add(a{k - 1}, y)",
+                  f"  r{k} = f32[256] reduce(a{k}, z), dimensions={{1}}, to_apply=sum"]
+    outs = [f"a{layers}"] + [f"r{k}" for k in range(1, layers + 1)]
+    shapes = ["f32[256,256]"] + ["f32[256]"] * layers
+    lines += [f"  ROOT t = ({', '.join(shapes)}) tuple({', '.join(outs)})", "}"]
+    return "\n".join(lines) + "\n"
+
+
+def test_gpu_fusion_writes_a_summed_stream_rather_than_make_it_again_in_every_kernel():
+    """On a GPU, a binary op whose repeats would read more bytes than writing it once is
+    written (XLA's priority fusion decides by the bytes): a residual stream summed layer by
+    layer, each sum also reduced, moves bytes in proportion to its depth, each sum read in at
+    most three kernels; making every sum again in every kernel below it (the rule kept for
+    CPU plans) grows with the depth's square."""
+    from alpac.analysis.costs import CostTable
+    from alpac.analysis.fusion import kernel_shares
+    from alpac.hlo import parse_hlo
+
+    def shares(layers: int, cpu: bool) -> dict:
+        module = parse_hlo(_residual_chain(layers))
+        return {i.name: s for i, s in kernel_shares(module.entry, CostTable(module),
+                                                    cpu=cpu).items()}
+
+    def total(layers: int, cpu: bool) -> float:
+        return sum(s.own for s in shares(layers, cpu).values())
+
+    array = 256 * 256 * 4
+    assert total(16, cpu=False) / total(8, cpu=False) < 2.2
+    assert all(s.own <= 3 * 2 * array for name, s in shares(16, cpu=False).items()
+               if name.startswith("a"))
+    assert total(16, cpu=True) / total(8, cpu=True) > 3.0

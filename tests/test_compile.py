@@ -110,6 +110,10 @@ def test_megatron_strategy_is_planned_as_asked_and_computes_the_same(tmp_path):
         matrices = [r for r in rows if r["opcode"] == "parameter" and r["shape"].count(",") == 1
                     and "mb" not in r["instruction"] and "S1" in r["sharding"]]
         assert matrices and all("S0" not in r["sharding"] for r in matrices)
+    # weight gradients accumulated unreduced, all-reduced once per step by the update
+    assert all(e["reduced_once_per_step"] > 0 for e in plan["reduce_scatter"])
+    for stage in plan["stages"]:
+        assert "all-reduce(" in (out / stage["modules"]["apply"]).read_text()
     assert_gpt_plan_computes_the_same(out, plan)
 
 

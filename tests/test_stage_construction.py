@@ -101,3 +101,26 @@ def test_a_stage_over_the_budget_is_solved_within_it_as_judged(tmp_path):
     assert judged_peak(peak, lean) <= budget
     assert lean.solution.peak_memory == pytest.approx(judged_peak(peak, lean), rel=1e-9)
     assert lean.solution.objective >= fastest.solution.objective * (1 - 1e-9)
+
+
+def test_a_forced_grid_gets_stages_of_any_whole_number_of_nodes(tmp_path):
+    """Megatron's published plans put a data-parallel group of 24 or 48 nodes in a stage;
+    stage submeshes are not only powers of two. Here 2 stages of 3 nodes each."""
+    import dataclasses
+    import json
+
+    from alpac.driver import compile_model
+    from alpac.interop.submesh import pinned_submeshes, stage_submesh
+    from conftest import TESTDATA
+
+    assert stage_submesh(24 * 8, 8) == (24, 8) and stage_submesh(4, 8) == (1, 4)
+    assert stage_submesh(12, 8) is None
+    assert pinned_submeshes([(3, 2), (2, 2)], [(1, 1), (2, 2)], 6, 2) == [(3, 2)]
+    cluster = dataclasses.replace(default_cluster(), nodes=6, devices_per_node=2)
+    options = {"stage-construction": {"strategy": "megatron:dp=3,tp=2,pp=2", "layers": "4"}}
+    _, out = compile_model(TESTDATA / "models" / "gpt_train.hlo", cluster,
+                           build_pipeline(None, (), options), tmp_path / "plan")
+    plan = json.loads((out / "plan.json").read_text())
+    meshes = [s["mesh"] for s in plan["stages"]]
+    assert [m["logical_shape"] for m in meshes] == [[3, 2], [3, 2]]
+    assert sorted(d for m in meshes for d in m["devices"]) == list(range(12))

@@ -190,3 +190,48 @@ def test_zero_auto_without_a_filter_allows_every_strategy():
     allow = update_rule(roles, (2, 2), "auto", None)
     verdicts = [allow(x, (), s) for x in params for s in parameter_strategies(x, (2, 2))]
     assert all(verdicts) and len(verdicts) > 2 * len(params)
+
+
+def _allowed(allow, name: str, dims, mesh_shape) -> set[str]:
+    from alpac.hlo.ir import Instruction
+    from alpac.hlo.shape import parse_shape
+    from alpac.intraop.space import array_shardings
+    from alpac.intraop.strategies import Strategy
+
+    shape = parse_shape(f"f32[{','.join(map(str, dims))}]")[0]
+    instr = Instruction(name, "parameter", shape, (), {}, "0")
+    return {str(s) for s in array_shardings(tuple(dims), mesh_shape)
+            if allow(instr, (), Strategy(str(s), (s,), ()))}
+
+
+def test_megatron_rule_keeps_activations_on_their_examples_and_accumulators_with_weights():
+    """Between layers Megatron's replicas hold their own examples, replicated over the
+    tensor-parallel axis: an activation from the layer before is split on its batch
+    dimension over the data-parallel axis (or whole), never gathered by rule; a gradient
+    accumulator is split over the tensor-parallel axis like its weight, never replicated."""
+    from alpac.intraop.rules import Roles, rule
+
+    roles = Roles({}, frozenset({"w"}), frozenset(), accumulators=frozenset({"g"}),
+                  activations={"a": 0})
+    allow = rule("megatron", roles, (2, 4))
+    assert _allowed(allow, "a", (8, 16, 64), (2, 4)) == {"S0,R,R", "R,R,R"}
+    grads = _allowed(allow, "g", (64, 64), (2, 4))
+    assert grads == {"S1,R", "R,S1"}
+
+
+def test_megatron_rule_keeps_per_example_values_split_over_the_data_parallel_axis():
+    """A per-example instruction of the step keeps its batch dimension split over the
+    data-parallel axis first; over the tensor-parallel axis it may be split further."""
+    from alpac.hlo.ir import Instruction
+    from alpac.hlo.shape import parse_shape
+    from alpac.intraop.rules import Roles, rule
+    from alpac.intraop.space import array_shardings
+    from alpac.intraop.strategies import Strategy
+
+    shape = parse_shape("f32[8,64]")[0]
+    x = Instruction("h", "add", shape, (), {})
+    allow = rule("megatron", Roles({}, frozenset(), frozenset(), {"h": 0}), (2, 4))
+    allowed = {str(s) for s in array_shardings((8, 64), (2, 4))
+               if allow(x, (), Strategy(str(s), (s,), ()))}
+    assert allowed and all(s.startswith("S0") for s in allowed), allowed
+    assert "R,S1" not in allowed and "S0,S1" in allowed

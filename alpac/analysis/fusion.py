@@ -32,8 +32,11 @@ class KernelShare:
     root: Instruction  # the instruction whose result the kernel writes (names the kernel)
 
 
-def kernel_shares(comp: Computation, costs: CostTable) -> dict[Instruction, KernelShare]:
-    """Every costed instruction of `comp` that is not a contraction, with its kernel share."""
+def kernel_shares(comp: Computation, costs: CostTable, *, cpu: bool
+                  ) -> dict[Instruction, KernelShare]:
+    """Every costed instruction of `comp` that is not a contraction, with its kernel share,
+    as XLA's GPU backend fuses (`cpu`: its CPU backend, whose fusion makes a cheap op again
+    in every kernel that uses it, whatever the bytes)."""
     users = comp.users()
     fusible = LOOP_FUSIBLE | REDUCTIONS
     # a constant, iota or broadcast all of whose users fuse is made again inside each of
@@ -48,9 +51,10 @@ def kernel_shares(comp: Computation, costs: CostTable) -> dict[Instruction, Kern
         fused = instr.opcode in LOOP_FUSIBLE and bool(outs) and \
             all(u in root and u.opcode in fusible for u in outs) and \
             (len(outs) == 1 or not _expensive(instr))
+        kernels = frozenset().union(*(made_in[u] for u in outs)) if fused else None
+        fused = fused and (cpu or _worth_making_again(instr, len(kernels), again))
         root[instr] = root[outs[0]] if fused else instr
-        made_in[instr] = frozenset().union(*(made_in[u] for u in outs)) if fused else \
-            frozenset((instr,))
+        made_in[instr] = kernels if fused else frozenset((instr,))
     own: dict[Instruction, float] = {}
     for instr in comp.instructions:
         if instr not in costs or instr.opcode in CONTRACTIONS:
@@ -73,6 +77,20 @@ def kernel_shares(comp: Computation, costs: CostTable) -> dict[Instruction, Kern
                                "reduce" if root[instr].opcode in REDUCTIONS else "elementwise",
                                root[instr])
             for instr, b in own.items()}
+
+
+def _worth_making_again(x: Instruction, kernels: int, again: set) -> bool:
+    """Whether XLA's GPU backend makes `x` again inside each of the `kernels` that use it
+    rather than write it once: its priority fusion decides by the bytes either way. Made again, each
+    kernel reads x's operands; written once, x reads them, writes its result, and each kernel
+    reads that. A binary op of equal shapes is made again in at most 3 kernels, so a chain
+    of them (a residual stream's gradient, summed layer by layer) is written every few
+    links instead of being made again, ever longer, in every kernel below it."""
+    if kernels <= 1:
+        return True
+    out = x.shape.byte_size
+    read = sum(_made_from(op) if op in again else op.shape.byte_size for op in x.operands)
+    return (kernels - 1) * read <= (kernels + 1) * out
 
 
 def _expensive(x: Instruction) -> bool:

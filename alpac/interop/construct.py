@@ -28,9 +28,10 @@ from alpac.interop.shard import ILP_GAP, ILP_TIME_LIMIT_S, shard_stages
 from alpac.interop.stage import Stage, StageAssignment
 from alpac.interop.stage_dp import NoFeasiblePlan, StagePlan, stage_dp
 from alpac.interop.stage_prices import StageConfig, StagePrices, remat_variants
-from alpac.interop.submesh import grid_shape, logical_shapes, submesh_shapes
+from alpac.interop.submesh import grid_shape, logical_shapes, pinned_submeshes, stage_submesh, \
+    submesh_shapes
 from alpac.interop.unroll import Unrolled
-from alpac.intraop.rules import parse_megatron, roles_of_stage, roles_of_step, rule, update_rule
+from alpac.intraop.rules import example_dims, parse_megatron, roles_of_step, rule, stage_rule
 from alpac.plan.mesh import LogicalMesh
 
 
@@ -249,9 +250,7 @@ def _cheapest_to_price(forward, flops, heavy, edges, multiple_of: int = 1):
     are the same program up to names are priced once; a layer's ILPs grow about
     quadratically with its size, plus a fixed cost per solve (counted as a layer of
     `_SOLVE_OVERHEAD_OPS` operations'): the least sum over the distinct layers, then more
-    layers. Measured on GPT-2.6B (32 blocks, 64 devices), layer ILPs: 65 s at two blocks per
-    layer, 40 s at one, 25 s at half a block; on GPT-39B (48 blocks) 36 s at one, 51 s at
-    half a block, with five distinct layers instead of three."""
+    layers."""
     base = choose_num_layers(flops, heavy, edges)
     kinds: dict = {}  # (opcode, shape) -> a small number: a layer's signature is a run of them
     sig = [kinds.setdefault((x.opcode, x.shape.without_layout()), len(kinds)) for x in forward]
@@ -267,20 +266,6 @@ def _cheapest_to_price(forward, flops, heavy, edges, multiple_of: int = 1):
         if best is None or key < best[0]:
             best = (key, n, clustering)
     return best[1], best[2]
-
-
-def stage_rule(stage_module, graph, mesh, megatron: bool, lean: bool,
-               distributed_optimizer: bool = False, layer_axes: dict[str, int] | None = None):
-    """The ILP filter of a stage (or layer) module: Megatron's when that strategy is forced
-    (with its optimizer state split, if asked), weights and optimizer state stored split
-    when the option is lean, else None."""
-    if not megatron and not lean:
-        return None
-    roles = roles_of_stage(stage_module, graph, layer_axes)
-    allow = rule("megatron", roles, mesh.shape) if megatron else None
-    if lean or distributed_optimizer:
-        return update_rule(roles, mesh.shape, "3" if lean else "2", allow)
-    return allow
 
 
 class _Pipeliner:
@@ -345,10 +330,15 @@ class _Pipeliner:
         self.submeshes = submesh_shapes(cluster.nodes, cluster.devices_per_node)
         shapes = [logical_shapes(sm) for sm in self.submeshes]
         strategy = self.options.strategy
+        self.examples = None
         if strategy.startswith("megatron"):
+            self.examples = example_dims(self.split.module, self.split)
             dp, tp, pp, distributed = parse_megatron(strategy, cluster.num_devices)
             self.forced = (dp, tp, pp)
             self.distributed_optimizer = distributed
+            # dp·tp devices on any number of whole nodes, or part of one (else no stage fits)
+            forced = stage_submesh(dp * tp, cluster.devices_per_node)
+            self.submeshes = [forced] if forced else [(1, 1)]
             shapes = [[g] if (g := grid_shape(sm, dp, tp)) else [] for sm in self.submeshes]
             if self.num_layers % pp:
                 raise UserError(f"strategy {strategy}: {self.num_layers} layers do not split "
@@ -359,6 +349,10 @@ class _Pipeliner:
             size = self.num_layers // self.forced[2]
             self.pinned = [(k * size, (k + 1) * size - 1) for k in range(self.forced[2])]
         self.pinned_meshes = _pinned_meshes(self.options.stage_meshes, self.pinned)
+        for extra in pinned_submeshes([p.submesh for p in self.pinned_meshes.values()],
+                                      self.submeshes, cluster.nodes, cluster.devices_per_node):
+            self.submeshes.append(extra)
+            shapes.append(logical_shapes(extra))
         wanted = list(self.pinned_meshes.values())  # price only what some stage may use
         self.configs = [[MeshConfig(tuple(shape), False) for shape in cs
                          if not wanted or any(p.allows(sm, shape) for p in wanted)]
@@ -379,7 +373,7 @@ class _Pipeliner:
 
     def rule(self, stage_module, graph, mesh, lean: bool):
         return stage_rule(stage_module, graph, mesh, self.forced is not None, lean,
-                          self.distributed_optimizer, self.layer_axes)
+                          self.distributed_optimizer, self.layer_axes, self.examples)
 
     def solve(self, keys, layers: LayerModules, what: str, hint=None) -> list:
         tasks = self.tasks(keys, layers, hint)

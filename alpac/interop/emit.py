@@ -5,7 +5,10 @@ and the estimates."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
+
+import numpy as np
 
 from alpac.analysis.costmodel import (CostModel, feed_seconds, free_seconds,
                                       host_cores_seconds, launch_cpu_seconds, launch_seconds,
@@ -16,8 +19,9 @@ from alpac.interop.pricing import pipelined_peak, role_seconds
 from alpac.interop.remat import checkpointed_layers, remat_split
 from alpac.interop.stage import ShardedStage, ShardedStages
 from alpac.interop.unroll import Unrolled
-from alpac.plan.program import Program, Role, single_stage_program
+from alpac.plan.program import Program, Role, Transfer, single_stage_program
 from alpac.plan.schedule import bubble_share, step_seconds
+from alpac.plan.sharding import parse_xla_sharding
 
 
 # a stage's host work in plan.json's estimate: per key, seconds per microbatch and per step
@@ -136,16 +140,34 @@ def _receive_seconds(program: Program, meshes: list, cluster
                      ) -> dict[int, tuple[float, float]]:
     """Mesh -> seconds its ranks spend per microbatch and per step receiving values from
     other meshes. alpa-run receives on the host, between the destination's modules (wait for
-    the message, put it on the devices), so a stage's time includes them; each transfer is
-    priced as the cluster's send of its bytes from the source mesh's first device to the
-    destination's (a calibrated file's measured table)."""
+    the message, put it on the devices), so a stage's time includes them; every rank of the
+    destination receives the pieces its devices hold at once, so each transfer is priced as
+    the cluster's send (a calibrated file's measured table), from the source mesh's first
+    device to the destination's, of the most bytes one destination rank receives."""
     if cluster is None:
         return {}
 
     def seconds(t) -> float:
         src, dst = (program.meshes[m].devices[0] for m in (t.src_mesh, t.dst_mesh))
-        return CostModel(cluster, meshes[t.dst_mesh]).send(t.bytes, src, dst)
+        return CostModel(cluster, meshes[t.dst_mesh]).send(
+            rank_bytes(t, program.meshes[t.dst_mesh].devices, cluster), src, dst)
     return _by_mesh((t.dst_mesh, t.scope, seconds(t)) for t in program.transfers)
+
+
+def rank_bytes(t: Transfer, devices: list[int], cluster) -> float:
+    """The most bytes of transfer `t` one destination rank (node) receives: the distinct
+    tiles of its destination sharding that the rank's devices (`devices`, the mesh's in
+    partition order) hold."""
+    x = parse_xla_sharding(t.dst_sharding)
+    if x.kind != "tiled":
+        return t.bytes
+    grid = x.tile_dims[:-1] if x.replicate_last else x.tile_dims
+    tiles = np.array(x.devices).reshape(x.tile_dims)
+    held: dict[int, set] = {}
+    for index in np.ndindex(*x.tile_dims):
+        node = cluster.node_of(devices[int(tiles[index])])
+        held.setdefault(node, set()).add(index[:len(grid)])
+    return t.bytes * max(map(len, held.values())) / math.prod(grid)
 
 
 def _send_seconds(program: Program, cluster) -> dict[int, tuple[float, float]]:

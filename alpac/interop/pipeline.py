@@ -180,6 +180,9 @@ class StageModule:
     scope: dict[str, str]  # program value -> step | microbatch
     layer_of: dict[str, int] = field(default_factory=dict)  # node name -> layer
     remat: dict = field(default_factory=dict)  # layer -> Remat (missing: keep everything)
+    # accumulate node -> an update node of this stage reading it, where no other stage reads
+    # the accumulated gradient: those the ILP may reduce once per step (intraop.deferral)
+    accumulations: dict[str, str] = field(default_factory=dict)
 
 
 # Made from at most a scalar: each stage that reads one makes its own rather than receive a
@@ -380,7 +383,24 @@ def stage_modules(graph: StepGraph, where: dict[str, set[int]], placed: set[str]
                                [_module_role(graph.role[x.name]) for x in outputs], scope,
                                {x.name: graph.layer_of[x.name] for x in members
                                 if x.name in graph.layer_of},
-                               dict(remat[s]) if remat else {}))
+                               dict(remat[s]) if remat else {},
+                               _accumulations(graph, module, members, users, where)))
+    return out
+
+
+def _accumulations(graph: StepGraph, module: Module, members, users, where) -> dict[str, str]:
+    """`StageModule.accumulations` of a stage's module."""
+    readers = module.entry.users()
+    node = {x.name: x for x in module.entry.instructions}
+    out = {}
+    for x in members:
+        if graph.role.get(x.name) != Role.ACCUMULATE or x.name not in node or \
+                users.get(x.name, set()) - where[x.name]:
+            continue
+        update = next((u.name for u in readers[node[x.name]]
+                       if graph.role.get(u.name) == Role.APPLY), None)
+        if update is not None:
+            out[x.name] = update
     return out
 
 

@@ -157,7 +157,8 @@ def layer_cost(stage: "pl.StageModule", mesh: LogicalMesh, cluster, time_limit: 
     allow = both(rule, keep_to(None if hint is None else {
         x.name: h for x, h in zip(stage.module.entry.instructions, hint) if h is not None}))
     result = auto_shard(stage.module, mesh, cluster, time_limit=time_limit, gap_limit=0.02,
-                        repeats=stage.repeats, allow=allow, annotate=False)
+                        repeats=stage.repeats, allow=allow, annotate=False,
+                        accumulations=stage.accumulations)
     choice = result.solution.choice
     entry = result.graph.module.entry
     decided = {i.name: i for i in result.graph.plans if i.parent is entry}

@@ -40,7 +40,7 @@ def shard_stages(assignment: StageAssignment, cluster, budget: float, time_limit
             same = known.setdefault(_structure(stage, cluster), {})
         peak = peak_of(stage, len(assignment.stages), assignment.micro_batches)
         result = shard_within(stage.module, stage.mesh, cluster, budget, time_limit, gap,
-                              repeats, rule, peak, same)
+                              repeats, rule, peak, same, _accumulations(stage))
         sharded.append(ShardedStage(stage, result, rule))
         peaks.append(judged_peak(peak, result))
     return ShardedStages(assignment, tuple(sharded), budget, tuple(peaks))
@@ -91,16 +91,21 @@ def judged_peak(peak: StagePeak | None, result) -> float:
     return peak(result) if peak else result.solution.peak_memory
 
 
+def _accumulations(stage: Stage) -> dict[str, str] | None:
+    return stage.pipeline_stage.accumulations if stage.pipeline_stage else None
+
+
 def shard_within(module, mesh, cluster, budget: float, time_limit: float, gap: float,
                  repeats=None, allow=None, peak: StagePeak | None = None,
-                 known: dict | None = None):
+                 known: dict | None = None, accumulations: dict[str, str] | None = None):
     """Solve without the memory constraint (its reductions are stronger); only when that plan
     does not fit (by `peak`, default the ILP's liveness peak), solve again with the ILP
     keeping that count within the budget. `known` holds the solutions (without, with the
     budget) of a module of the same structure, reused and filled in."""
     known = {} if known is None else known
     result = auto_shard(module, mesh, cluster, time_limit=time_limit, gap_limit=gap,
-                        repeats=repeats, allow=allow, reuse=known.get("free"))
+                        repeats=repeats, allow=allow, reuse=known.get("free"),
+                        accumulations=accumulations)
     known.setdefault("free", result.solution)
     if judged_peak(peak, result) <= budget:
         result.budget = budget
@@ -111,7 +116,8 @@ def shard_within(module, mesh, cluster, budget: float, time_limit: float, gap: f
     try:
         result = auto_shard(module, mesh, cluster, budget=budget, time_limit=time_limit,
                             gap_limit=gap, repeats=repeats, allow=allow,
-                            reuse=known.get(within), memory=memory)
+                            reuse=known.get(within), memory=memory,
+                            accumulations=accumulations)
         known.setdefault(within, result.solution)
     except Infeasible as e:
         raise UserError(f"the program does not fit in {budget:,.0f} bytes per device on mesh "

@@ -72,6 +72,23 @@ def logical_shapes(submesh: tuple[int, int],
     return [(n,)] + [(n // mp, mp) for mp in mps]
 
 
+def stage_submesh(devices: int, devices_per_node: int) -> tuple[int, int] | None:
+    """The submesh of a stage of `devices` devices: part of one node or whole nodes, any
+    number of them (a forced grid's stages, e.g. Megatron's 24-node data-parallel replicas,
+    need not come in the powers of two `submesh_shapes` offers); None where it is neither."""
+    if devices <= devices_per_node:
+        return 1, devices
+    return (devices // devices_per_node, devices_per_node) \
+        if devices % devices_per_node == 0 else None
+
+
+def pinned_submeshes(pinned, submeshes, nodes: int, devices_per_node: int) -> list:
+    """The submeshes pinned stages ask for (`--stage-meshes`) that `submeshes` lacks and the
+    cluster has: any whole number of nodes, not only powers of two."""
+    return [sm for sm in dict.fromkeys(pinned) if sm not in submeshes and sm[0] <= nodes
+            and stage_submesh(sm[0] * sm[1], devices_per_node) == tuple(sm)]
+
+
 def grid_shape(submesh: tuple[int, int], dp: int, tp: int) -> tuple[int, ...] | None:
     """The logical mesh (dp, tp) — or (dp,) when tp = 1 — on `submesh`, if it has dp·tp
     devices and each tensor-parallel group fits inside one node; else None."""

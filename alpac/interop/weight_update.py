@@ -16,9 +16,9 @@ Pipeline stages are priced by per-layer ILPs that may already split the optimize
 wherever that is no slower, so in auto mode their choice stands and only the report is made;
 so too for a stage whose ILP had no filter (its choices already included every split).
 
-With microbatches, each microbatch's gradient is reduced (scattered, when rewritten) before
-it is accumulated; accumulating unreduced partial sums and reducing once per step is not
-implemented, and the plan says so.
+With microbatches, a gradient whose all-reduce the ILP chose is accumulated unreduced and
+reduced once per step where it can be (alpac.intraop.deferral); the others (scattered, when
+rewritten) are reduced every microbatch before they are accumulated, and the plan says which.
 """
 
 from __future__ import annotations
@@ -57,8 +57,8 @@ def _rewrite_stage(done: ShardedStage, assignment, split, cluster, zero: str,
         repeats = None
     entry = {"stage": stage.index, "zero": zero, "applied": False,
              "optimizer_state_params": len(roles.optimizer_state),
-             "accumulation": "reduced per microbatch"
-             if repeats and max(repeats.values(), default=1) > 1 else "none"}
+             "accumulation": _accumulation(done.sharding, repeats),
+             "reduced_once_per_step": len(done.sharding.deferred)}
     if not roles.optimizer_state and zero != "3":
         return done, entry
     base = done.rule
@@ -77,7 +77,8 @@ def _rewrite_stage(done: ShardedStage, assignment, split, cluster, zero: str,
     allow = update_rule(roles, stage.mesh.shape, zero, base)
     peak = peak_of(stage, len(assignment.stages), assignment.micro_batches)
     after = shard_within(stage.module, stage.mesh, cluster, budget, time_limit, 1e-4,
-                         repeats, allow, peak)
+                         repeats, allow, peak, accumulations=stage.pipeline_stage.accumulations
+                         if stage.pipeline_stage else None)
     old, new = done.sharding.solution.objective, after.solution.objective
     peak_before, peak_after = judged_peak(peak, done.sharding), judged_peak(peak, after)
     chains = _split_parameters(after, names)
@@ -87,9 +88,21 @@ def _rewrite_stage(done: ShardedStage, assignment, split, cluster, zero: str,
     gained = len(chains) > entry["already_split"]
     if gained and (zero != "auto" or new <= old * (1 + 1e-6)):
         entry["applied"] = True
+        entry.update(accumulation=_accumulation(after, repeats),
+                     reduced_once_per_step=len(after.deferred))
         entry["memory_saved_bytes"] = peak_before - peak_after
         return ShardedStage(stage, after, allow), entry
     return done, entry
+
+
+def _accumulation(result, repeats) -> str:
+    """How the stage's accumulated gradients are reduced: once per step where deferred
+    (alpac.intraop.deferral), else every microbatch."""
+    if not repeats or max(repeats.values(), default=1) <= 1:
+        return "none"
+    if not result.deferred:
+        return "reduced per microbatch"
+    return f"reduced once per step ({len(result.deferred)} all-reduces), the rest per microbatch"
 
 
 def _split_parameters(result, names) -> list[str]:

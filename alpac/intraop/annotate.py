@@ -22,9 +22,10 @@ from alpac.plan.sharding import Sharding
 
 
 class _Emitter:
-    def __init__(self, sg: ShardingGraph, choice: list[int]):
+    def __init__(self, sg: ShardingGraph, choice: list[int], deferred=()):
         self.sg = sg
         self.choice = choice
+        self.deferred = deferred
         self.mesh_shape = tuple(sg.mesh.shape)
         self.module = sg.module
         self.copies: dict[tuple[int, Sharding], Instruction] = {}
@@ -159,6 +160,8 @@ class _Emitter:
                 scatter = [c for c in st.collectives if c.kind == "reduce-scatter"]
                 if scatter:
                     self.manual_reduce_scatter(instr, st, scatter[0])
+        for d in self.deferred:
+            self.defer_reduction(d)
         for comp in self.module.computations:
             comp.topological_sort()
         for instr in self.module.instructions():
@@ -195,37 +198,89 @@ class _Emitter:
         local_sharding = Sharding(tuple(
             tuple(a for a in axes if a not in rs.axes) if d == scattered_dim else axes
             for d, axes in enumerate(out.dim_axes)))
+        local = self.local_op(instr, st, local_sharding)
+        reducer = instr.called("to_apply") or self.add_computation(instr.shape.dtype)
+        scattered = self.add(comp, Instruction(
+            self.module.unique_name(f"{instr.name}.reduce-scatter"), "reduce-scatter",
+            self.tile(instr, out), [local],
+            {"channel_id": str(self.next_channel()), "replica_groups": self.groups(rs.axes),
+             "use_global_device_ids": "true", "dimensions": "{" + str(scattered_dim) + "}",
+             "to_apply": ComputationRefs([reducer]), "sharding": "{manual}"}))
+        full = self.to_full(scattered, instr, out)
+        replace_uses(comp, instr, full)  # run() puts every computation in order afterwards
+
+    def local_op(self, instr: Instruction, st, local_sharding: Sharding) -> Instruction:
+        """`instr` in a manual region: its operands as the per-device tiles `st` takes them
+        in, the op on the tiles (partial sums, where it contracts a split dimension)."""
+        comp = instr.parent
         manual_ops = []
         for operand, need in zip(instr.operands, st.inputs):
             if operand.opcode == "get-tuple-element":
                 # XLA partitions it as its tuple's element, whatever its own annotation (a
                 # loop's result: the manual region then got another tile and XLA refused it)
                 operand = self.reshard_copy(operand, need)
-            tile = need.tile_dims(operand.shape.dims, self.mesh_shape)
-            manual_ops.append(self.add(comp, Instruction(
-                self.module.unique_name(f"{operand.name}.manual"), "custom-call",
-                operand.shape.with_dims(tile), [operand],
-                {"custom_call_target": '"SPMDFullToShardShape"', "sharding": "{manual}"})))
-        local = self.add(comp, Instruction(
+            manual_ops.append(self.to_manual(operand, need))
+        return self.add(comp, Instruction(
             self.module.unique_name(f"{instr.name}.local"), instr.opcode,
-            instr.shape.with_dims(local_sharding.tile_dims(instr.shape.dims, self.mesh_shape)),
-            manual_ops, {**{k: v for k, v in instr.attrs.items() if k != "sharding"},
-                         "sharding": "{manual}"}, instr.payload, instr.line))
-        reducer = instr.called("to_apply") or self.add_computation(instr.shape.dtype)
-        groups = self.sg.mesh.groups(tuple(rs.axes))
-        scattered = self.add(comp, Instruction(
-            self.module.unique_name(f"{instr.name}.reduce-scatter"), "reduce-scatter",
-            instr.shape.with_dims(out.tile_dims(instr.shape.dims, self.mesh_shape)), [local],
-            {"channel_id": str(self.next_channel()),
-             "replica_groups": "{" + ",".join("{" + ",".join(map(str, g)) + "}"
-                                              for g in groups) + "}",
-             "use_global_device_ids": "true", "dimensions": "{" + str(scattered_dim) + "}",
-             "to_apply": ComputationRefs([reducer]), "sharding": "{manual}"}))
-        full = self.add(comp, Instruction(
-            self.module.unique_name(f"{instr.name}.full"), "custom-call", instr.shape,
-            [scattered], {"custom_call_target": '"SPMDShardToFullShape"',
-                          "sharding": self.text(out)}))
-        replace_uses(comp, instr, full)  # run() puts every computation in order afterwards
+            self.tile(instr, local_sharding), manual_ops,
+            {**{k: v for k, v in instr.attrs.items() if k != "sharding"},
+             "sharding": "{manual}"}, instr.payload, instr.line))
+
+    def tile(self, instr: Instruction, sharding: Sharding):
+        return instr.shape.with_dims(sharding.tile_dims(instr.shape.dims, self.mesh_shape))
+
+    def to_manual(self, operand: Instruction, sharding: Sharding) -> Instruction:
+        return self.add(operand.parent, Instruction(
+            self.module.unique_name(f"{operand.name}.manual"), "custom-call",
+            self.tile(operand, sharding), [operand],
+            {"custom_call_target": '"SPMDFullToShardShape"', "sharding": "{manual}"}))
+
+    def to_full(self, local: Instruction, like: Instruction, sharding: Sharding,
+                name: str | None = None) -> Instruction:
+        return self.add(local.parent, Instruction(
+            name or self.module.unique_name(f"{like.name}.full"), "custom-call", like.shape,
+            [local],
+            {"custom_call_target": '"SPMDShardToFullShape"', "sharding": self.text(sharding)}))
+
+    def groups(self, axes) -> str:
+        groups = self.sg.mesh.groups(tuple(axes))
+        return "{" + ",".join("{" + ",".join(map(str, g)) + "}" for g in groups) + "}"
+
+    # ---- gradients reduced once per step (alpac.intraop.deferral) ---------------------------
+    def defer_reduction(self, d) -> None:
+        """The contraction and its chain on per-device tiles without their all-reduce, each
+        device adding its partial sum to its own copy of the accumulator; the update's reads
+        of the accumulator go through one all-reduce over the deferred axes."""
+        comp = d.accumulate.parent
+        st = self.sg.plans[d.contraction].strategy(self.choice)
+        out = st.outputs[0]
+        local = self.local_op(d.contraction, st, out)
+        for x in d.chain:
+            local = self.add(comp, Instruction(
+                self.module.unique_name(f"{x.name}.local"), x.opcode, self.tile(x, out),
+                [local], {**{k: v for k, v in x.attrs.items() if k != "sharding"},
+                          "sharding": "{manual}"}, x.payload, x.line))
+        summed = self.add(comp, Instruction(
+            self.module.unique_name(f"{d.accumulate.name}.local"), "add",
+            self.tile(d.accumulate, out), [self.to_manual(d.accumulator, out), local],
+            {"sharding": "{manual}"}))
+        # the sum keeps the accumulation's name: the backward module gives it, the update
+        # module takes it as an input (alpac.interop.pipeline.role_modules, by name)
+        name, d.accumulate.name = d.accumulate.name, self.module.unique_name(
+            f"{d.accumulate.name}.deferred")
+        full = self.to_full(summed, d.accumulate, out, name)
+        replace_uses(comp, d.accumulate, full)
+        reduced = self.add(comp, Instruction(
+            self.module.unique_name(f"{d.accumulate.name}.all-reduce"), "all-reduce",
+            self.tile(d.accumulate, out), [self.to_manual(full, out)],
+            {"channel_id": str(self.next_channel()), "replica_groups": self.groups(d.axes),
+             "use_global_device_ids": "true",
+             "to_apply": ComputationRefs([self.add_computation(d.accumulate.shape.dtype)]),
+             "sharding": "{manual}"}))
+        whole = self.to_full(reduced, d.accumulate, out)
+        for user in comp.instructions:
+            if user is not comp.root and id(user) not in self.inserted and full in user.operands:
+                user.operands = [whole if o is full else o for o in user.operands]
 
     def add(self, comp: Computation, instr: Instruction) -> Instruction:
         self.inserted.add(id(instr))
@@ -295,7 +350,8 @@ def _has_passthrough_state(body: Computation) -> bool:
         for k, o in enumerate(root.operands))
 
 
-def write_shardings(sg: ShardingGraph, choice: list[int]) -> None:
-    """Annotate `sg.module` in place with the shardings of `choice`."""
-    _Emitter(sg, choice).run()
+def write_shardings(sg: ShardingGraph, choice: list[int], deferred=()) -> None:
+    """Annotate `sg.module` in place with the shardings of `choice`, the all-reduces of the
+    `deferred` accumulations (alpac.intraop.deferral) moved to the update."""
+    _Emitter(sg, choice, deferred).run()
 

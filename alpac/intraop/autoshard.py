@@ -22,6 +22,7 @@ from alpac.intraop.builder import Hint, ShardingGraph, build_graph, collectives_
     strategy_seconds
 from alpac.intraop.collectives import reshard
 from alpac.intraop.combine import savings
+from alpac.intraop.deferral import Deferral, collective_index, find_deferrals
 from alpac.intraop.ilp import solve
 from alpac.intraop.memory import StageMemory
 from alpac.intraop.problem import Solution
@@ -36,6 +37,9 @@ class ShardingResult:
     collectives: list  # (instruction name, Collective, multiplier)
     rounds: list[tuple[int, ...]]  # axes solved in each round
     budget: float | None = None  # bytes per device the plan had to fit
+    # accumulated gradients reduced once per step (their all-reduces in `collectives` count
+    # once, not once per microbatch)
+    deferred: list[Deferral] = dataclasses.field(default_factory=list)
 
     @property
     def iterative(self) -> bool:
@@ -62,14 +66,20 @@ class ShardingResult:
         instructions: one module of a pipeline stage; without, the module is one)."""
         if group is None:
             return self._whole_module_savings
-        return savings(self.collectives, self._instructions, group, self.graph.model)
+        return self._not_deferred(savings(self.collectives, self._instructions, group,
+                                          self.graph.model))
+
+    def _not_deferred(self, saved: dict[int, float]) -> dict[int, float]:
+        """Combining savings, but of the all-reduces deferred to the update (priced there)."""
+        deferred = {collective_index(self.collectives, d) for d in self.deferred}
+        return {i: v for i, v in saved.items() if i not in deferred}
 
     @cached_property
     def _whole_module_savings(self) -> dict[int, float]:
         """`combined_savings` of the module as one (the stage's time, its collectives'
         summary and the plan's communication each ask for it)."""
-        return savings(self.collectives, self._instructions, lambda name: None,
-                       self.graph.model)
+        return self._not_deferred(savings(self.collectives, self._instructions,
+                                          lambda name: None, self.graph.model))
 
     @cached_property
     def _instructions(self) -> dict:
@@ -78,8 +88,26 @@ class ShardingResult:
 
     def seconds(self) -> float:
         """The stage's time as XLA runs it: the ILP's objective, the all-reduces XLA
-        combines priced as combined."""
-        return self.solution.objective - sum(self.combined_savings().values())
+        combines priced as combined, those the ILP priced once per step but that run every
+        microbatch (not deferred) priced so."""
+        return self.solution.objective - sum(self.combined_savings().values()) + \
+            sum(self._priced_once().values())
+
+    def _priced_once(self) -> dict[str, float]:
+        """What the ILP's objective leaves out of each all-reduce it priced once per step
+        (`ShardingGraph.reduced_once`) but that is not deferred: by contraction name, once
+        per microbatch but one."""
+        deferred = {d.contraction for d in self.deferred}
+        sg, out = self.graph, {}
+        for instr in sg.reduced_once:
+            plan = sg.plans.get(instr)
+            if instr in deferred or plan is None or not plan.strategies:
+                continue
+            st = plan.strategy(self.solution.choice)
+            once = sum(c.seconds(sg.model) for c in st.collectives if c.kind == "all-reduce")
+            if once:
+                out[instr.name] = (plan.multiplier - 1) * once
+        return out
 
     def seconds_by(self, group) -> dict[str, float]:
         """The objective split by `group(instruction name) -> key`: each instruction's work and
@@ -103,6 +131,12 @@ class ShardingResult:
                 out[group(use.user.name)] += use.multiplier * seconds
         for i, saved in self.combined_savings(group).items():
             out[group(self.collectives[i][0])] -= saved
+        for name, extra in self._priced_once().items():  # reduced every microbatch after all
+            out[group(name)] += extra
+        for d in self.deferred:  # reduced once, by the update
+            once = self.collectives[collective_index(self.collectives, d)][1].seconds(sg.model)
+            out[group(d.contraction.name)] -= once
+            out[group(d.first_update)] += once
         return dict(out)
 
     def bytes_by(self, group) -> dict[str, float]:
@@ -159,13 +193,16 @@ def auto_shard(module: Module, mesh: LogicalMesh, cluster, *, budget: float | No
                time_limit: float = 60.0, gap_limit: float = 1e-4,
                allow=None, repeats: dict[str, float] | None = None,
                annotate: bool = True, reuse: Solution | None = None,
-               memory: StageMemory | None = None) -> ShardingResult:
+               memory: StageMemory | None = None,
+               accumulations: dict[str, str] | None = None) -> ShardingResult:
     """Shard a copy of `module` over `mesh`; the input module is left as it is. `allow`
     restricts source strategies (see build_graph); it sees the copy's instructions. Without
     `annotate` the copy keeps no shardings (enough for pricing: the choice is in the
     result). `reuse` is the solution for a module of the same structure (instructions
     matching by position) on a mesh of the same shape and links: taken, not solved again,
-    when the graph is the same size. `memory` judges the budget as a pipeline stage's."""
+    when the graph is the same size. `memory` judges the budget as a pipeline stage's.
+    `accumulations` (a pipeline stage's: accumulate instruction -> an update instruction that
+    reads it) are reduced once per step where they can be (alpac.intraop.deferral)."""
     work = module.clone()
     costs = CostTable(work)
     rounds = solve_rounds(mesh, cluster)
@@ -177,7 +214,7 @@ def auto_shard(module: Module, mesh: LogicalMesh, cluster, *, budget: float | No
             partial *= mesh.shape[a]
         round_budget = None if budget is None else budget * mesh.num_devices / partial
         sg = build_graph(work, mesh, cluster, costs, round_budget, axes, hint, allow, repeats,
-                         memory)
+                         memory, accumulations)
         if reuse is not None and len(rounds) == 1 and sg.graph.size == reuse.size_before:
             solution = dataclasses.replace(reuse, objective=sg.graph.objective(reuse.choice),
                                            solve_time=0.0,
@@ -187,6 +224,11 @@ def auto_shard(module: Module, mesh: LogicalMesh, cluster, *, budget: float | No
                              gap_limit=gap_limit)
         if not last:
             hint = Hint.from_solution(sg, solution.choice, axes)
+    deferred = find_deferrals(sg, solution.choice, accumulations) if accumulations else []
     if annotate:
-        write_shardings(sg, solution.choice)
-    return ShardingResult(work, sg, solution, collectives_of(sg, solution.choice), rounds)
+        write_shardings(sg, solution.choice, deferred)
+    collectives = collectives_of(sg, solution.choice)
+    for d in deferred:  # once per step
+        k = collective_index(collectives, d)
+        collectives[k] = (*collectives[k][:2], 1.0)
+    return ShardingResult(work, sg, solution, collectives, rounds, deferred=deferred)

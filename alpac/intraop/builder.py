@@ -25,6 +25,7 @@ from alpac.hlo.ir import Computation, Instruction, Module
 from alpac.hlo.opcodes import COLLECTIVE_OPS, CONTRACTIONS, LOOP_FUSIBLE, REDUCTIONS
 from alpac.hlo.shape import Shape
 from alpac.intraop.collectives import Collective, reshard
+from alpac.intraop.deferral import reduced_once
 from alpac.intraop.memory import StageMemory, liveness_points, stage_point
 from alpac.intraop.problem import StrategyGraph
 from alpac.intraop.space import array_shardings
@@ -92,6 +93,8 @@ class ShardingGraph:
     outputs: dict[tuple[int, ...], Value] = field(default_factory=dict)  # entry result leaves
     node_instr: list[Instruction] = field(default_factory=list)
     kernels: dict[Computation, dict] = field(default_factory=dict)  # kernel_shares per comp
+    # contraction -> share of its runs its all-reduce is priced at (alpac.intraop.deferral)
+    reduced_once: dict[Instruction, float] = field(default_factory=dict)
 
     def kernel_share(self, instr: Instruction) -> KernelShare | None:
         """The instruction's share of the fused kernel it runs in (None: a contraction, or a
@@ -100,7 +103,7 @@ class ShardingGraph:
             return None
         comp = instr.parent
         if comp not in self.kernels:
-            self.kernels[comp] = kernel_shares(comp, self.costs)
+            self.kernels[comp] = kernel_shares(comp, self.costs, cpu=self.model.cluster.is_cpu)
         return self.kernels[comp].get(instr)
 
 
@@ -108,7 +111,7 @@ class _Builder:
     def __init__(self, module: Module, mesh: LogicalMesh, cluster, costs: CostTable,
                  budget: float | None, axes: tuple[int, ...] | None, hint: "Hint | None",
                  allow=None, repeats: dict[str, float] | None = None,
-                 memory: StageMemory | None = None):
+                 memory: StageMemory | None = None, accumulations: dict | None = None):
         self.model = CostModel(cluster, mesh)
         self.stage_memory = memory
         # axes not being solved count as size 1: nothing is split over them (yet)
@@ -119,6 +122,7 @@ class _Builder:
         self.repeats = repeats or {}  # entry instruction name -> executions per step
         self.costs = costs
         self.out = ShardingGraph(module, mesh, self.model, StrategyGraph(budget=budget), costs)
+        self.out.reduced_once = reduced_once(module, accumulations or {}, self.repeats)
         self.graph = self.out.graph
         self.position = 0
         self.birth: dict[int, int] = {}  # id(value) -> position
@@ -488,7 +492,9 @@ def strategy_seconds(sg: ShardingGraph, instr: Instruction, st: Strategy) -> flo
             compute = sg.model.compute(cost.flops / st.divisor, cost.bytes_accessed / st.divisor,
                                        dtype, _work_kind(instr),
                                        matrices=_transposed_matrices(instr, st, sg.mesh.shape))
-    return compute + sum(c.seconds(sg.model) for c in st.collectives)
+    once = sg.reduced_once.get(instr, 1.0)
+    return compute + sum(c.seconds(sg.model) * (once if c.kind == "all-reduce" else 1.0)
+                         for c in st.collectives)
 
 
 def _transposed_matrices(instr: Instruction, st: Strategy, mesh_shape) -> int:
@@ -550,16 +556,17 @@ def build_graph(module: Module, mesh: LogicalMesh, cluster, costs: CostTable,
                 budget: float | None = None, axes: tuple[int, ...] | None = None,
                 hint: Hint | None = None, allow=None,
                 repeats: dict[str, float] | None = None,
-                memory: StageMemory | None = None) -> ShardingGraph:
+                memory: StageMemory | None = None,
+                accumulations: dict[str, str] | None = None) -> ShardingGraph:
     """The sharding problem of `module` on `mesh`, splitting only over `axes` (default all),
     keeping to `hint` on the axes an earlier round solved, and to the source strategies that
     `allow(instr, leaf index, strategy)` accepts (used to price fixed strategies such as pure
     data parallelism with the same model). `repeats` gives how many times per step an entry
     instruction runs (a pipeline stage runs its forward and backward once per microbatch and
     its update once). `memory`: judge the memory as a pipeline stage's (default: the peak of
-    the values live at each point of the program)."""
+    the values live at each point of the program); `accumulations` (alpac.intraop.deferral)."""
     return _Builder(module, mesh, cluster, costs, budget, axes, hint, allow, repeats,
-                    memory).build()
+                    memory, accumulations).build()
 
 
 def collectives_of(sg: ShardingGraph, choice: list[int]) -> list[tuple[str, Collective, float]]:

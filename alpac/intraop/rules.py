@@ -7,10 +7,13 @@ A rule sees each source instruction's candidate strategy and says whether it may
 - zero2: data parallel, the optimizer state split over every mesh axis (the ILP then
   reduce-scatters gradients and all-gathers the updated weights, ZeRO stage 2);
 - zero3: zero2 with the weights stored split too (gathered where they are used);
-- megatron: batch inputs split over the first axis (data parallel), weight matrices and
-  their optimizer state split over the last axis on one of their dimensions (tensor
-  parallel), vectors replicated; a stage's piece of a stacked array (several layers' rows)
-  is its layers' matrices or vectors, never split on the layer axis.
+- megatron: batch inputs split over the first axis (data parallel), weight matrices, their
+  optimizer state and gradient accumulators split over the last axis on one of their
+  dimensions (tensor parallel), vectors replicated; a stage's piece of a stacked array
+  (several layers' rows) is its layers' matrices or vectors, never split on the layer axis;
+  a layer's input from the layer before (an activation) replicated over the
+  tensor-parallel axis and split at most over the data-parallel one, on its batch
+  dimension, as each of Megatron's replicas holds its own examples.
 
 What counts as a weight and what as optimizer state comes from the step's structure: a state
 parameter the per-microbatch part reads is a weight; one only the update reads is optimizer
@@ -39,6 +42,9 @@ class Roles:
     accumulators: frozenset[str] = frozenset()  # a pipeline stage's gradient accumulators
     # a parameter holding several layers' rows of a stacked array -> its layer axis
     layer_axes: dict[str, int] | None = None
+    # per-microbatch values computed by another layer or stage (activations, their gradients)
+    # -> their batch dimension (None: not known)
+    activations: dict[str, int | None] | None = None
 
 
 def roles_of_step(module, split) -> Roles:
@@ -54,20 +60,29 @@ def roles_of_step(module, split) -> Roles:
             weights.add(p.name)
         else:
             state.add(p.name)
+    return Roles(batch, frozenset(weights), frozenset(state), example_dims(module, split))
+
+
+def example_dims(module, split) -> dict[str, int]:
+    """Instruction name -> its batch dimension, for the per-example values of the step (a
+    stage's modules keep their names)."""
     example = {}
     for x in module.entry.instructions:
         c = split.cls(x)
         if getattr(c, "kind", None) == "S":
             example[x.name] = c.dim
-    return Roles(batch, frozenset(weights), frozenset(state), example)
+    return example
 
 
-def roles_of_stage(stage_module, graph, layer_axes: dict[str, int] | None = None) -> Roles:
+def roles_of_stage(stage_module, graph, layer_axes: dict[str, int] | None = None,
+                   examples: dict[str, int] | None = None) -> Roles:
     """Roles of the parameters of one pipeline stage's module; `layer_axes`: program input
-    value -> its layer axis, for a stage's piece of a stacked array (`Unrolled.layer_axes`)."""
+    value -> its layer axis, for a stage's piece of a stacked array (`Unrolled.layer_axes`);
+    `examples`: the step's `example_dims`."""
     entry = stage_module.module.entry
     users = entry.users()
-    batch, weights, state, accumulators = {}, set(), set(), set()
+    batch, weights, state, accumulators, activations = {}, set(), set(), set(), {}
+    microbatch = _microbatch_size(graph)
     for p in entry.parameters:
         value = stage_module.param_values[p.parameter_number]
         if value.startswith("acc"):
@@ -79,13 +94,34 @@ def roles_of_stage(stage_module, graph, layer_axes: dict[str, int] | None = None
                 batch[p.name] = dim
             continue
         if not value.startswith("arg"):
+            if stage_module.scope.get(value) == "microbatch":
+                activations[p.name] = _batch_dim(p.shape.dims, microbatch)
             continue
         readers = {stage_module.role.get(u.name) for u in users[p]}
         (weights if readers & {Role.FORWARD, Role.BACKWARD} else state).add(p.name)
     stacked = {p.name: (layer_axes or {})[v] for p in entry.parameters
                if (v := stage_module.param_values[p.parameter_number]) in (layer_axes or {})}
-    return Roles(batch, frozenset(weights), frozenset(state), None, frozenset(accumulators),
-                 stacked)
+    return Roles(batch, frozenset(weights), frozenset(state), examples,
+                 frozenset(accumulators), stacked, activations)
+
+
+def _microbatch_size(graph) -> int | None:
+    """Examples in one microbatch: a microbatch slice's size on its batch dimension."""
+    for p in graph.module.entry.parameters:
+        dim = graph.param_values[p.name][2]
+        if dim is not None:
+            return p.shape.dims[dim]
+    return None
+
+
+def _batch_dim(dims, examples: int | None) -> int | None:
+    """An activation's batch dimension: the first of the microbatch's size, else the first
+    that holds whole microbatches (examples flattened with another dimension); None when
+    neither or unknown."""
+    if not examples:
+        return None
+    return next((d for d, n in enumerate(dims) if n == examples),
+                next((d for d, n in enumerate(dims) if n % examples == 0), None))
 
 
 def rule(kind: str, roles: Roles, mesh_shape):
@@ -108,11 +144,15 @@ def rule(kind: str, roles: Roles, mesh_shape):
         s = strategy.outputs[0]
         name = instr.name
         if instr.opcode != "parameter":
-            # data parallelism keeps every per-example value split on its batch dimension
+            # data parallelism keeps every per-example value split on its batch dimension,
+            # over every axis (Megatron's: over the data-parallel axis first)
             dim = (roles.example_dims or {}).get(name)
-            if dim is None or kind == "megatron" or instr.shape.is_tuple:
+            if dim is None or instr.shape.is_tuple or dim >= instr.shape.rank:
                 return True
-            n = instr.shape.dims[dim] if dim < instr.shape.rank else 0
+            n = instr.shape.dims[dim]
+            if kind == "megatron":
+                return not dp_axes or n % mesh_shape[0] != 0 or \
+                    s.dim_axes[dim][:1] == dp_axes
             return n % total != 0 or s.dim_axes[dim] == axes
         if name in roles.batch:
             dim = roles.batch[name]
@@ -120,15 +160,21 @@ def rule(kind: str, roles: Roles, mesh_shape):
             return s.dim_axes == tuple(want_axes if d == dim else ()
                                        for d in range(instr.shape.rank))
         if kind == "megatron":
-            # weight matrices and their optimizer state split alike over the last axis (a
-            # stack of them on a dimension of each matrix, never on the layer axis)
+            # weight matrices, their optimizer state and gradient accumulators split alike
+            # over the last axis (a stack of them on a dimension of each matrix, never on the
+            # layer axis)
             layer_axis = (roles.layer_axes or {}).get(name)
             rank = instr.shape.rank - (layer_axis is not None)
-            if (name in roles.weights or name in roles.optimizer_state) and rank >= 2 and \
-                    tp_axes:
+            held = roles.weights | roles.optimizer_state | roles.accumulators
+            if name in held and rank >= 2 and tp_axes:
                 return tuple(sorted(s.used_axes)) == tp_axes and \
                     sum(1 for a in s.dim_axes if a) == 1 and \
                     (layer_axis is None or not s.dim_axes[layer_axis])
+            if name in (roles.activations or {}):
+                dim = roles.activations[name]
+                return s.is_replicated or not s.partial and \
+                    tuple(sorted(s.used_axes)) == dp_axes and \
+                    sum(1 for a in s.dim_axes if a) == 1 and (dim is None or s.dim_axes[dim])
             return s.is_replicated
         sharded = name in roles.optimizer_state and kind in ("zero2", "zero3") or \
             name in roles.weights and kind == "zero3"
@@ -217,3 +263,18 @@ def parse_megatron(text: str, num_devices: int) -> tuple[int, int, int, bool]:
         raise UserError(f"strategy '{text}': dp·tp·pp = {dp * tp * pp}, the cluster has "
                         f"{num_devices} devices")
     return dp, tp, pp, bool(values.get("distopt", 0))
+
+
+def stage_rule(stage_module, graph, mesh, megatron: bool, lean: bool,
+               distributed_optimizer: bool = False, layer_axes: dict[str, int] | None = None,
+               examples: dict[str, int] | None = None):
+    """The ILP filter of a stage (or layer) module: Megatron's when that strategy is forced
+    (with its optimizer state split, if asked), weights and optimizer state stored split
+    when the option is lean, else None. `examples`: the step's per-example values."""
+    if not megatron and not lean:
+        return None
+    roles = roles_of_stage(stage_module, graph, layer_axes, examples)
+    allow = rule("megatron", roles, mesh.shape) if megatron else None
+    if lean or distributed_optimizer:
+        return update_rule(roles, mesh.shape, "3" if lean else "2", allow)
+    return allow

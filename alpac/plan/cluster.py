@@ -105,6 +105,13 @@ class Cluster:
     def num_devices(self) -> int:
         return self.nodes * self.devices_per_node
 
+    @property
+    def is_cpu(self) -> bool:
+        """Whether the devices are XLA's CPU devices (named `cpu`, as in the default cluster
+        and the files `alpac calibrate` writes on CPUs): XLA's CPU backend fuses otherwise
+        than its GPU backend (alpac.analysis.fusion)."""
+        return self.device.name.lower() == "cpu"
+
     def cut(self, devices: int) -> Cluster | None:
         """The first `devices` devices as a cluster of their own (part of the first node, or
         whole nodes), or None where they are neither: what a plan that leaves the rest idle

@@ -567,9 +567,9 @@ def test_the_automatic_plan_s_stages_are_solved_once_within_the_user_s_time_limi
     solves, running = [], []
     solve = shard.shard_within
 
-    def counted(module, mesh, cluster, budget, time_limit, *rest):
+    def counted(module, mesh, cluster, budget, time_limit, *rest, **options):
         solves.append((running[-1], time_limit))
-        return solve(module, mesh, cluster, budget, time_limit, *rest)
+        return solve(module, mesh, cluster, budget, time_limit, *rest, **options)
     monkeypatch.setattr(shard, "shard_within", counted)
     options = {"intra-op-sharding": {"time_limit": str(plan_limit)}}
     if stage_limit is not None:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from alpac.hlo.ir import Instruction
 
-CONTRACTIONS = ("dot", "convolution", "reduce")
+PARTIAL_SUMS = ("dot", "convolution", "reduce")  # ops whose split operands give partial sums
 CHAIN = ("convert", "copy")
 
 
@@ -43,11 +43,12 @@ def find_deferrals(sg, choice, accumulations: dict[str, str]) -> list[Deferral]:
     """The accumulations (`accumulate node name -> the name of an update instruction that
     reads it`) whose gradient's all-reduce can run once per step (module docstring)."""
     out = []
+    users = sg.module.entry.users()
     for instr in sg.plans:
         update = accumulations.get(instr.name)
         if update is None:
             continue
-        found = _deferral(sg, choice, instr, update)
+        found = _deferral(sg, choice, instr, update, users)
         if found is not None:
             out.append(found)
     return out
@@ -58,33 +59,34 @@ def reduced_once(module, accumulations: dict[str, str], repeats: dict[str, float
     """The contractions whose all-reduce the ILP prices once per step: those a microbatch
     runs whose result is accumulated (`_traced`), each with 1 / its runs per step."""
     out = {}
+    users = module.entry.users() if accumulations else {}
     for accumulate in module.entry.instructions:
         if accumulate.name in accumulations:
-            traced = _traced(accumulate)
+            traced = _traced(accumulate, users)
             runs = repeats.get(traced[0].name, 1.0) if traced else 1.0
             if runs > 1:
                 out[traced[0]] = 1.0 / runs
     return out
 
 
-def _traced(accumulate: Instruction):
+def _traced(accumulate: Instruction, users: dict):
     """The contraction an accumulation adds, through converts and copies that are each
-    their operand's only user, and that chain (nearest the accumulation first); None where
-    the accumulation is not of that form."""
+    their operand's only user (`users`: the entry's), and that chain (nearest the
+    accumulation first); None where the accumulation is not of that form."""
     if accumulate.opcode != "add" or len(accumulate.operands) != 2:
         return None
-    users = accumulate.parent.users()
     value, chain = accumulate.operands[1], []
     while value.opcode in CHAIN and len(users[value]) == 1:
         chain.append(value)
         value = value.operands[0]
-    if value.opcode not in CONTRACTIONS or len(users[value]) != 1 or value.shape.is_tuple:
+    if value.opcode not in PARTIAL_SUMS or len(users[value]) != 1 or value.shape.is_tuple:
         return None
     return value, chain
 
 
-def _deferral(sg, choice, accumulate: Instruction, update: str) -> Deferral | None:
-    traced = _traced(accumulate)
+def _deferral(sg, choice, accumulate: Instruction, update: str, users: dict
+              ) -> Deferral | None:
+    traced = _traced(accumulate, users)
     if traced is None or traced[0] not in sg.reduced_once:
         return None
     value, chain = traced

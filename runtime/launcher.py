@@ -34,7 +34,7 @@ from pathlib import Path
 import click
 
 from alpac.runtime.comm import EXIT_RUNTIME, EXIT_USAGE
-from alpac.runtime.processes import kill_tree, remove_abandoned_segments, segments
+from alpac.runtime.processes import kill_tree, reap, remove_abandoned_segments, segments, tree
 from alpac.runtime.status import STATUS_ENV
 
 SCHEDULES = ("gpipe", "1f1b")
@@ -306,10 +306,11 @@ def _supervise(cmd, env, status: Path, n: int, debug: bool, prog: str,
     for t in readers:
         t.start()
     deaths = _Deaths(status)
-    _watch(proc, out, deaths, stop)
+    job = _watch(proc, out, deaths, stop)
     for t in readers:
         t.join(timeout=5)
     if proc.returncode != 0:  # ranks that were killed left MPICH's shared memory behind
+        reap(job, _END_GRACE)
         remove_abandoned_segments(segments_before)
     if stop.received:
         out.failed = True
@@ -320,16 +321,20 @@ def _supervise(cmd, env, status: Path, n: int, debug: bool, prog: str,
     return _verdict(proc.returncode, out, deaths, status, debug, prog)
 
 
-def _watch(proc, out: "_Output", deaths: "_Deaths", stop: "_StopSignals") -> None:
+def _watch(proc, out: "_Output", deaths: "_Deaths", stop: "_StopSignals") -> dict[int, str]:
     """Until mpiexec exits: pass the output on; end the job when a rank died without a word
-    and mpiexec does not end it, or when a signal asks the launcher to stop."""
-    ended_at = None
+    and mpiexec does not end it, or when a signal asks the launcher to stop. Returns the
+    processes of the job seen on this machine (a `tree`), which may outlive mpiexec."""
+    ended_at, job, seen_at = None, {}, 0.0
     while proc.poll() is None:
         time.sleep(0.05)
+        if time.monotonic() - seen_at > 1.0:
+            job.update(tree(proc.pid))
+            seen_at = time.monotonic()
         if stop.received:
             out.failed = True
             _end(proc, signal.SIGINT)  # as Ctrl-C to mpiexec: it passes it to every rank
-            return
+            return job
         if list(deaths.status.glob("error.rank*.json")):
             out.failed = True
         out.release()
@@ -338,6 +343,7 @@ def _watch(proc, out: "_Output", deaths: "_Deaths", stop: "_StopSignals") -> Non
             out.failed = True
         if ended_at is not None and time.monotonic() - ended_at > _GRACE:
             _end(proc, signal.SIGTERM)
+    return job
 
 
 def _verdict(rc: int, out: "_Output", deaths: "_Deaths", status: Path, debug: bool,
@@ -389,13 +395,16 @@ _END_GRACE = 3.0
 
 def _end(proc, first: signal.Signals) -> None:
     """End mpiexec and every rank: `first` to mpiexec, which passes it to the ranks on every
-    host; what is left on this machine after `_END_GRACE` is killed (`kill_tree`)."""
+    host; what is left on this machine after `_END_GRACE` is killed (`kill_tree`), and
+    the ranks that outlive mpiexec are waited for."""
+    job = tree(proc.pid)
     proc.send_signal(first)
     try:
         proc.wait(timeout=_END_GRACE)
     except subprocess.TimeoutExpired:
         kill_tree(proc.pid)
         proc.wait()
+    reap(job, _END_GRACE)
 
 
 class _StopSignals:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 SHM = Path("/dev/shm")
@@ -28,6 +29,45 @@ def kill_tree(root: int) -> None:
             stopped.add(pid)
     for pid in stopped:
         _signal(pid, signal.SIGKILL)
+
+
+def tree(root: int) -> dict[int, str]:
+    """`root` and the processes below it, each with its start time (so that a pid reused
+    later is not taken for it)."""
+    return {p: t for p in [root, *descendants(root)] if (t := _started(p)) is not None}
+
+
+def reap(processes: dict[int, str], grace: float) -> None:
+    """Wait until every one of `processes` (a `tree`) has ended; SIGKILL those left after
+    `grace` seconds. A rank can outlive mpiexec by a moment, mapping MPICH's shared memory
+    until it exits, so the memory is only known to be abandoned after this."""
+    if _ended(processes, grace):
+        return
+    for pid in _running(processes):
+        _signal(pid, signal.SIGKILL)
+    _ended(processes, grace)
+
+
+def _ended(processes: dict[int, str], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while _running(processes):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _running(processes: dict[int, str]) -> list[int]:
+    return [p for p, t in processes.items() if _started(p) == t]
+
+
+def _started(pid: int) -> str | None:
+    """The start time of process `pid`; None when it has ended (or is a zombie)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] in ("Z", "X") else fields[19]
 
 
 def descendants(root: int) -> list[int]:

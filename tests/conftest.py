@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
 TESTDATA = ROOT / "testdata"
+# plans the module-level caches of the tests write: this run's own (two runs of the suite may
+# share a machine), removed when it exits
+_SCRATCH = tempfile.TemporaryDirectory(prefix="alpac-tests-")
+SCRATCH = Path(_SCRATCH.name)
 sys.path.insert(0, str(ROOT))
 BIN = Path(sys.executable).parent
 

@@ -9,7 +9,7 @@ from functools import cache
 from pathlib import Path
 
 import pytest
-from conftest import TESTDATA
+from conftest import SCRATCH, TESTDATA
 from test_runtime import alpa_run, ok
 
 from alpac.driver import build_pipeline, compile_model
@@ -60,7 +60,7 @@ def test_per_layer_choice_against_brute_force():
 @cache
 def plan(name: str, remat: str, budget: float | None = None) -> Path:
     """Two stages of one layer each on four devices each, four microbatches."""
-    out = Path("/tmp") / f"alpac-remat-{name}-{remat}-{budget}"
+    out = SCRATCH / f"alpac-remat-{name}-{remat}-{budget}"
     options = {"stage-construction": {"layers": "2", "stages": "0-0,1-1", "micro_batches": "4",
                                       "stage_meshes": "1x4,1x4", "jobs": "1", "remat": remat}}
     compile_model(TESTDATA / "models" / f"{name}.hlo", load_cluster(CLUSTER),

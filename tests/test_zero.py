@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import TESTDATA
+from conftest import SCRATCH, TESTDATA
 
 from alpac.driver import build_pipeline, compile_model
 from alpac.hlo import parse_hlo
@@ -19,10 +19,10 @@ from alpac.xla.bridge import compile_hlo, cpu_devices, run_hlo_single_device
 
 
 @cache
-def plan(name: str, mesh: str, zero: str = "auto", rewrite: bool = True, root="/tmp",
+def plan(name: str, mesh: str, zero: str = "auto", rewrite: bool = True,
          cluster: str | None = None) -> Path:
     """`cluster`: a cluster file's text (the default cluster without)."""
-    out = Path(root) / f"alpac-zero-{name}-{mesh}-{zero}-{rewrite}-{cluster is not None}"
+    out = SCRATCH / f"alpac-zero-{name}-{mesh}-{zero}-{rewrite}-{cluster is not None}"
     options = {"stage-construction": {"mesh": mesh, "strategy": "data-parallel"},
                "reduce-scatter": {"zero": zero}}
     pipeline = build_pipeline(None, () if rewrite else ("reduce-scatter",), options)

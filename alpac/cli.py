@@ -30,6 +30,11 @@ class _Group(click.Group):
                 raise
             err_console.print(f"alpac: error: {e}", markup=False, soft_wrap=True)
             sys.exit(e.exit_code)
+        except KeyboardInterrupt:  # Ctrl-C: 130 as a shell reports it, not click's exit 1
+            if ctx.obj and ctx.obj.get("debug"):
+                raise
+            err_console.print("alpac: interrupted; nothing was written", markup=False)
+            sys.exit(130)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -176,9 +181,10 @@ def compile(model: Path, cluster_path: Path | None, out_dir: Path, passes_spec: 
         for name in ("stage-construction", "intra-op-sharding", "reduce-scatter"):
             options[name]["time_limit"] = str(time_limit)
     pipeline = build_pipeline(passes_spec, skip_pass, options)
+    # no progress where stderr is not a terminal: an error is then its one line, nothing more
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                   MofNCompleteColumn(), TimeElapsedColumn(), console=err_console,
-                  transient=True) as progress:
+                  transient=True, disable=not err_console.is_terminal) as progress:
         task = progress.add_task("compiling", total=len(pipeline))
         steps = progress.add_task("", total=None, visible=False)  # ILP solves of a pass
 
@@ -196,6 +202,10 @@ def compile(model: Path, cluster_path: Path | None, out_dir: Path, passes_spec: 
                                   memory_budget=budget, on_progress=on_progress)
     console = Console(highlight=False)
     console.print(f"plan written to {path} ({len(ctx.ran)} passes)")
+    from alpac.plan.io import load_plan
+    from alpac.plan.notes import notes_of
+    for note in notes_of(load_plan(path)[0]):
+        err_console.print(f"alpac: note: {note}", markup=False, soft_wrap=True)
     if timings:
         from rich.table import Table
         table = Table(title="time per pass", show_edge=False)
@@ -234,6 +244,9 @@ def explain(plan_dir: Path, as_json: bool, pattern: str | None, limit: int,
         click.echo(json.dumps(plan, indent=1, sort_keys=True))
         return
     console = Console(highlight=False)
+    from alpac.plan.notes import notes_of
+    for note in notes_of(plan):
+        console.print(f"note: {note}", markup=False, soft_wrap=True)
     ex.render(plan, plan_dir, console, pattern, limit)
     console.print(f"made by: alpac compile {plan['source']['file']} --passes "
                   f"'{_recorded_spec(plan)}'", markup=False, soft_wrap=True)

@@ -7,11 +7,13 @@ import dataclasses
 from pathlib import Path
 
 from alpac import __version__
+from alpac.analysis.step.split import StepSplit
 from alpac.errors import UserError
 from alpac.interop.emit import EmittedPlan
 from alpac.passes.manager import CompileContext, Pass, PassManager, available_passes, \
     parse_pipeline, pipeline_spec
 from alpac.plan.io import write_plan_dir
+from alpac.plan.notes import plan_notes
 from alpac.xla.loader import module_hash
 
 
@@ -94,11 +96,19 @@ def compile_model(model_path: str | Path, cluster, pipeline: list[Pass], out_dir
                    "module": ctx.module.name if ctx.module else None},
         "cluster": cluster.to_dict(),
         **ctx.plan_entries(),
+        "notes": _notes(ctx),
     }
     emitted = ctx.results.get(EmittedPlan)
     files = emitted.files if emitted else {}
     stats = {"pass_seconds": ctx.timings, **ctx.stats}
     return ctx, write_plan_dir(out_dir, plan, files, stats)
+
+
+def _notes(ctx: CompileContext) -> list[dict]:
+    if ctx.module is None:
+        return []
+    split = ctx.results.get(StepSplit)
+    return plan_notes(ctx.module, ctx.cluster, trains=bool(split and split.backward))
 
 
 def _describe(p: Pass) -> dict:

@@ -120,12 +120,10 @@ def calibrate(opts: Options, mpi_args: list[str]) -> int:
 
 def _load_recorded(path: str) -> dict:
     """A calibrated cluster file, checked by the cluster reader (UserError if it is bad)."""
-    import yaml
-
     from alpac.errors import UserError
-    from alpac.plan.cluster import load_cluster
+    from alpac.plan.cluster import load_cluster, read_cluster_file
     load_cluster(path)
-    data = yaml.safe_load(Path(path).read_text())
+    data, _ = read_cluster_file(path)
     if "calibration" not in data:
         raise UserError("no calibration section to check (write one with alpac calibrate -o)",
                         path=path)

@@ -106,7 +106,7 @@ class Layout:
             else:
                 rows = np.take(arrays[k], first if stop - first == 1 else range(first, stop),
                                axis=axis)
-                out[n] = np.ascontiguousarray(rows)
+                out[n] = np.asarray(rows)  # fresh and contiguous; one row of a vector is 0-d
         return out
 
     def join(self, outputs: list[np.ndarray]) -> list[np.ndarray]:

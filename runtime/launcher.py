@@ -168,6 +168,10 @@ def check_plan(opts) -> int:
                         path=str(plan_dir))
     if opts.inputs and not Path(opts.inputs).is_file():
         raise UserError("no such inputs file", path=opts.inputs)
+    if opts.iters > 1:
+        from alpac.plan.notes import STATELESS_STEP, notes_of
+        for note in notes_of(plan, STATELESS_STEP):
+            click.echo(f"alpa-run: note: {note}", err=True)
     return max(d for m in program.meshes for d in m.devices) + 1
 
 
@@ -189,12 +193,20 @@ def launch(opts, mpi_args: list[str], mpiexec_path: Path | None, debug: bool) ->
         n = devices // k
     if n * k != devices:
         return fail_usage(f"{opts.plan}/plan.json: the plan runs on {devices} devices, but "
-                          f"{n} ranks x {k} devices per rank = {n * k} were asked for")
+                          f"{n} ranks x {k} devices per rank = {n * k} were asked for"
+                          f"{_what_fits(devices, n, k)}")
     mpiexec = str(mpiexec_path) if mpiexec_path else find_mpiexec()
     if not mpiexec or not Path(mpiexec).exists() and not shutil.which(mpiexec):
         return fail_usage("no mpiexec found (install the mpich package or pass --mpiexec)")
     return run_ranks(mpiexec, n, extra, ["alpac.runtime.launcher", opts.plan, "--worker",
                                          *worker_args(opts)], debug)
+
+
+def _what_fits(devices: int, n: int, k: int) -> str:
+    """The launch that runs a plan on `devices`: n ranks' devices each, or k per rank."""
+    fits = ([f"--devices-per-rank {devices // n}"] if devices % n == 0 else []) + \
+        ([f"-- np {devices // k}"] if devices % k == 0 else [])
+    return f" (pass {' or '.join(fits)})" if fits else ""
 
 
 def run_ranks(mpiexec: str, n: int, extra: list[str], module_args: list[str], debug: bool,
@@ -238,6 +250,7 @@ _BANNER = re.compile(r"^(=+|=\s.*|YOUR APPLICATION TERMINATED WITH THE EXIT STRI
                      r"This typically refers to a problem with your application\.|"
                      r"Please see the FAQ page for debugging suggestions|"
                      r"Abort\(\d+\) on node \d+.*application called MPI_Abort.*|"
+                     r"Ctrl-C caught\.\.\. cleaning up processes|"
                      r"\[mpiexec@[^\]]*\] (Sending Ctrl-C to processes as requested|"
                      r"Press Ctrl-C again to force abort))$")
 
@@ -262,6 +275,7 @@ class _Output:
         self.dropped: list[str] = []
 
     def pump(self, stream, is_err: bool) -> None:
+        blanks = 0  # blank lines held: mpiexec's banner of a killed job starts with one
         for raw in iter(stream.readline, b""):
             line = raw.decode(errors="replace").rstrip("\n")
             m = re.match(r"^YOUR APPLICATION TERMINATED WITH THE EXIT STRING: (.*)$", line)
@@ -270,15 +284,27 @@ class _Output:
             if _GLOO.search(line) and not self.debug:
                 continue
             if _BANNER.match(line.strip()) and not self.debug:
-                self.failed = True
+                self.failed, blanks = True, 0
                 continue
-            if is_err and not self.debug:
-                with self._lock:
-                    self._held.append((time.monotonic(), line))
-            else:
-                target = sys.stderr if is_err else sys.stdout
-                target.write(line + "\n")
-                target.flush()
+            if not line.strip() and not self.debug:
+                blanks += 1
+                continue
+            for _ in range(blanks):
+                self._write("", is_err)
+            blanks = 0
+            self._write(line, is_err)
+        if not self.failed:
+            for _ in range(blanks):
+                self._write("", is_err)
+
+    def _write(self, line: str, is_err: bool) -> None:
+        if is_err and not self.debug:
+            with self._lock:
+                self._held.append((time.monotonic(), line))
+        else:
+            target = sys.stderr if is_err else sys.stdout
+            target.write(line + "\n")
+            target.flush()
 
     def release(self, final: bool = False) -> None:
         now = time.monotonic()

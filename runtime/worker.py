@@ -72,8 +72,10 @@ def main(opts: Options) -> int:
         except OSError:
             pass
     try:  # devices after the ranks can talk: a rank without a GPU is reported like any error
-        code = _run(comm, opts, configure_devices(opts.devices_per_rank, opts.platform,
-                                                  host_cpu=opts.check))
+        platform = configure_devices(opts.devices_per_rank, opts.platform, host_cpu=opts.check)
+        if platform == "cpu" and comm.size > 1:
+            _one_core(comm.rank)
+        code = _run(comm, opts, platform)
         if status:  # finished normally: its end is no failure
             (Path(status) / f"done.rank{comm.rank}").write_text(str(code))
     except SetupError as e:
@@ -102,6 +104,18 @@ def configure_devices(k: int, platform: str, host_cpu: bool = False) -> str:
         os.environ.setdefault("JAX_PLATFORMS", "cuda,cpu" if host_cpu else "cuda")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     return platform
+
+
+def _one_core(rank: int) -> None:
+    """Bind this rank to one of its cores, before jax makes its CPU client. XLA's CPU runtime
+    starts a module's independent collectives in program order but runs them on its thread
+    pool, so with more than one thread two of them (a pair of all-to-alls, say) can reach gloo
+    in different orders on different ranks, which pairs the wrong messages ("Received data
+    size doesn't match expected size") or corrupts them. With one core the pool has one thread
+    and the collectives run in program order on every rank."""
+    cores = sorted(os.sched_getaffinity(0))
+    local = int(os.environ.get("MPI_LOCALRANKID", rank))
+    os.sched_setaffinity(0, {cores[local % len(cores)]})
 
 
 def _rank_gpus(k: int) -> list[int]:

@@ -20,7 +20,7 @@ from alpac.analysis.step.batch import detect_batch
 from alpac.analysis.step.split import StepSplit
 from alpac.errors import UserError
 from alpac.hlo import parse_hlo, print_module
-from alpac.hlo.transforms import flatten_entry_tuple_params, inline_calls
+from alpac.hlo.transforms import flatten_call_graph, flatten_entry_tuple_params, inline_calls
 from alpac.intraop.autoshard import auto_shard
 from alpac.intraop.builder import build_graph
 from alpac.intraop.ilp import solve
@@ -42,6 +42,7 @@ SOLVE_3D_S = 10  # on 3-D meshes the first round runs to its limit; any plan com
 def prepared(text: str):
     module = parse_hlo(text)
     inline_calls(module)
+    flatten_call_graph(module)
     flatten_entry_tuple_params(module)
     return module
 
@@ -115,6 +116,77 @@ def test_a_stateful_rng_is_all_reduced_as_xla_does(mesh):
                  for k, v in result.collective_summary().items()}
     assert predicted == compiled_collectives(exe.compiled_text())
     assert predicted["all-reduce"] == {"count": 1, "bytes": 16 * 4 * 4}
+
+
+# jax's PRNG as a front end writes it: a function with a loop of rounds, called per draw
+TWO_DRAWS = """HloModule two_draws
+rounds {
+  s = (s32[], u32[16,64]) parameter(0)
+  i = s32[] get-tuple-element(s), index=0
+  v = u32[16,64] get-tuple-element(s), index=1
+  one = s32[] constant(1)
+  next = s32[] add(i, one)
+  k = u32[] constant(2654435769)
+  kb = u32[16,64] broadcast(k), dimensions={}
+  v1 = u32[16,64] add(v, kb)
+  r = u32[] constant(13)
+  rb = u32[16,64] broadcast(r), dimensions={}
+  v2 = u32[16,64] shift-left(v1, rb)
+  v3 = u32[16,64] xor(v1, v2)
+  ROOT t = (s32[], u32[16,64]) tuple(next, v3)
+}
+more {
+  s = (s32[], u32[16,64]) parameter(0)
+  i = s32[] get-tuple-element(s), index=0
+  n = s32[] constant(5)
+  ROOT lt = pred[] compare(i, n), direction=LT
+}
+draw {
+  seed = u32[16,64] parameter(0)
+  zero = s32[] constant(0)
+  init = (s32[], u32[16,64]) tuple(zero, seed)
+  w = (s32[], u32[16,64]) while(init), condition=more, body=rounds
+  ROOT bits = u32[16,64] get-tuple-element(w), index=1
+}
+ENTRY main {
+  a = u32[16,64] parameter(0)
+  b = u32[16,64] parameter(1)
+  x = f32[16,64] parameter(2)
+  w = f32[64,64] parameter(3)
+  da = u32[16,64] call(a), to_apply=draw
+  db = u32[16,64] call(b), to_apply=draw
+  fa = f32[16,64] convert(da)
+  fb = f32[16,64] convert(db)
+  h = f32[16,64] dot(x, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ha = f32[16,64] multiply(h, fa)
+  q = f32[4096,16] parameter(4)
+  p = f32[4096,64] dot(q, fb), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT y = (f32[16,64], f32[4096,64]) tuple(ha, p)
+}
+"""
+
+
+@pytest.mark.parametrize("mesh", ["8", "2x4"])
+def test_loops_that_shared_a_body_are_planned_one_by_one(mesh):
+    """Inlined calls leave two loops on one body, whose results are wanted split on
+    different dimensions; each loop gets a copy of its own, planned and annotated once (a
+    shared body was annotated once per loop: a chain of copies, each an all-to-all XLA
+    inserts and the plan does not count)."""
+    module = prepared(TWO_DRAWS)
+    loops = [i for i in module.entry.instructions if i.opcode == "while"]
+    assert len({id(loop.called("body")) for loop in loops}) == 2
+    rng = np.random.default_rng(0)
+    args = [rng.integers(0, 2**32, (16, 64), dtype=np.uint32) for _ in range(2)] + \
+        [rng.standard_normal(s).astype(np.float32) for s in ((16, 64), (64, 64), (4096, 16))]
+    reference = run_hlo_single_device(print_module(module), args)
+    result = auto_shard(module, LogicalMesh.parse(mesh), default_cluster())
+    text = print_module(result.module)
+    assert ".reshard.reshard" not in text
+    exe = compile_hlo(text, cpu_devices(8))
+    assert rel_error(exe.run(args), reference) < 1e-6
+    predicted = {k: {"count": v["count"], "bytes": v["bytes"]}
+                 for k, v in result.collective_summary().items()}
+    assert predicted == compiled_collectives(exe.compiled_text())
 
 
 # ---- plan quality ---------------------------------------------------------------------------

@@ -7,9 +7,12 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 from conftest import ROOT, TESTDATA
+
+from testdata.wide import many_parameters_hlo
 
 ALPAC = [sys.executable, "-m", "alpac.cli"]
 
@@ -36,6 +39,22 @@ def test_inspect_json():
     assert len(summary["aliases"]) == len(summary["outputs"]) - 1  # all but the loss
     assert summary["cost"]["flops"] > 0
     assert summary["opcodes"]["dot"] > 0
+
+
+def test_inspect_many_parameters_returned_as_outputs(tmp_path):
+    """Thousands of parameters, each returned negated and as it is (issue 54: this was
+    quadratic; benchmarks/bench_parameters.py times it)."""
+    model = tmp_path / "wide.hlo"
+    model.write_text(many_parameters_hlo(2000, echo_parameters=True))
+    result = run("inspect", model, "--json")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["instructions"] == 4001
+    assert [p["index"] for p in summary["parameters"]] == list(range(2000))
+    assert len(summary["outputs"]) == 4000
+    assert summary["step"]["batch"]["evidence"] == [
+        "2000 unaliased parameters come back as outputs of the same shape that depend on them "
+        "(state)"]
 
 
 def test_inspect_rich():
@@ -187,6 +206,61 @@ def test_failing_pass_is_named(tmp_path):
     assert result.returncode == 1
     assert "pass 'cost-analysis' failed" in result.stderr
     assert not (tmp_path / "plan").exists()
+
+
+def test_ctrl_c_during_compile_is_130_in_one_line(tmp_path):
+    """Ctrl-C reaches the whole process group: alpac and its ILP workers. It exits 130 with one
+    line (click's own handler said `Aborted!` and exit 1), leaves the previous plan as it was
+    and no temporary directory or worker behind."""
+    import signal
+    import time
+
+    from alpac.runtime.processes import descendants
+    out = tmp_path / "plan"
+    out.mkdir()
+    (out / "previous").write_text("kept")
+    proc = subprocess.Popen([*ALPAC, "compile", TESTDATA / "models" / "gpt_train.hlo", "-o",
+                             out, "--mesh", "2x4"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            start_new_session=True)
+    time.sleep(6)  # loading jax and the passes before the ILP
+    below = descendants(proc.pid)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines() == ["alpac: interrupted; nothing was written"], err
+    assert [p.name for p in tmp_path.iterdir()] == ["plan"]
+    assert (out / "previous").read_text() == "kept"
+    time.sleep(1)
+    assert not [p for p in below if os.path.exists(f"/proc/{p}") and
+                open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"]
+
+
+def test_notes_say_what_the_figures_do_not(tmp_path):
+    """A training step whose state is not donated repeats its first step under --iters: compile,
+    explain and alpa-run say so; a plan for the uncalibrated default cluster says its clock is
+    assumed. A calibrated cluster and a donated step have nothing to note."""
+    text = (TESTDATA / "models" / "mlp_train.hlo").read_text()
+    header, rest = text.split("\n", 1)
+    (tmp_path / "stateless.hlo").write_text(header.split(",", 1)[0] + "\n" + rest)
+    made = run("compile", tmp_path / "stateless.hlo", "-o", tmp_path / "plan")
+    assert made.returncode == 0, made.stderr
+    notes = [ln for ln in made.stderr.splitlines() if ln.startswith("alpac: note: ")]
+    assert len(notes) == 2, made.stderr
+    assert "aliases no output to an input" in notes[0] and "donate_argnums" in notes[0]
+    assert "'local-cpu' is not calibrated" in notes[1]
+    explained = run("explain", tmp_path / "plan")
+    assert [ln for ln in explained.stdout.splitlines() if ln.startswith("note: ")] == \
+        [n.removeprefix("alpac: ") for n in notes]
+    launched = subprocess.run([str(Path(sys.executable).parent / "alpa-run"), tmp_path / "plan",
+                               "--iters", "2", "--quiet", "--devices-per-rank", "8", "--", "np",
+                               "1"], capture_output=True, text=True, timeout=300)
+    assert launched.returncode == 0, launched.stderr
+    assert launched.stderr.splitlines()[0] == "alpa-run: note: " + notes[0].removeprefix(
+        "alpac: note: ")
+    donated = run("compile", TESTDATA / "models" / "mlp_train.hlo", "-o", tmp_path / "donated",
+                  "--cluster", TESTDATA / "clusters" / "local-cpu-calibrated-np2.yaml")
+    assert donated.returncode == 0 and "note:" not in donated.stderr, donated.stderr
 
 
 def test_explain_pipelined_plan_draws_the_schedule(tmp_path):

@@ -47,7 +47,7 @@ def test_round_trip(path):
 
 def test_keeps_everything():
     text = """
-HloModule m, input_output_alias={ {0}: (1, {}, may-alias) }, buffer_donor={ (0, {}) }, entry_computation_layout={(f32[4]{0}, f32[4]{0})->f32[4]{0}}, frontend_attributes={a="b"}, num_partitions=2
+HloModule m, input_output_alias={ {}: (1, {}, may-alias) }, buffer_donor={ (0, {}) }, entry_computation_layout={(f32[4]{0}, f32[4]{0})->f32[4]{0}}, frontend_attributes={a="b"}, num_partitions=2
 
 %add (x: f32[], y: f32[]) -> f32[] {
   %x = f32[] parameter(0)
@@ -66,7 +66,7 @@ ENTRY %main (p0: f32[4], p1: f32[4]) -> f32[4] {
 """
     module = parse_hlo(text)
     printed = print_module(module)
-    for piece in ['input_output_alias={ {0}: (1, {}, may-alias) }', 'buffer_donor={ (0, {}) }',
+    for piece in ['input_output_alias={ {}: (1, {}, may-alias) }', 'buffer_donor={ (0, {}) }',
                   'frontend_attributes={a="b"}', 'num_partitions=2', '{0:T(128)}',
                   'sharding={devices=[2]<=[2]}', 'source_end_column=2',
                   'some_future_attr={x=[1,2]}', 'backend_config={"k":"v, with comma"}',

@@ -56,8 +56,11 @@ def _wait_for_ranks(launcher: subprocess.Popen, n: int, timeout: float = 120) ->
     raise AssertionError("the ranks did not start")
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
-def test_a_signal_ends_every_rank(mlp_plan, sig):
+@pytest.mark.parametrize("sig,group", [(signal.SIGTERM, False), (signal.SIGHUP, False),
+                                       (signal.SIGINT, False), (signal.SIGINT, True)])
+def test_a_signal_ends_every_rank(mlp_plan, sig, group):
+    """`group`: to the launcher's whole process group, as Ctrl-C in a terminal (the ranks see
+    it too: none reports a KeyboardInterrupt of its own)."""
     before = segments()
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     launcher = subprocess.Popen([str(BIN / "alpa-run"), str(mlp_plan), "--iters", "100000",
@@ -68,7 +71,10 @@ def test_a_signal_ends_every_rank(mlp_plan, sig):
         _wait_for_ranks(launcher, 2)
         time.sleep(2)  # the ranks run steps
         tree = {p: _cmdline(p) for p in descendants(launcher.pid)}
-        launcher.send_signal(sig)
+        if group:
+            os.killpg(launcher.pid, sig)
+        else:
+            launcher.send_signal(sig)
         out, err = launcher.communicate(timeout=60)
     finally:
         if launcher.poll() is None:

@@ -27,6 +27,8 @@ import numpy as np
 import pytest
 from test_runtime_plans import BATCH, pipeline_plan, plan_inputs
 
+from alpac import __version__
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 ALPA_RUN = str(BIN / "alpa-run")
@@ -228,7 +230,10 @@ def test_plan_errors_before_launch(plans, tmp_path):
     r = alpa_run(plan, "--", "np", 2)
     assert r.returncode == 2
     assert _error_lines(r) == [f"alpa-run: error: {plan}/plan.json: the plan runs on 4 "
-                               f"devices, but 2 ranks x 1 devices per rank = 2 were asked for"]
+                               f"devices, but 2 ranks x 1 devices per rank = 2 were asked for "
+                               f"(pass --devices-per-rank 2 or -- np 4)"]
+    r = alpa_run(plan, "--devices-per-rank", 3, "--", "np", 2)
+    assert _error_lines(r)[0].endswith("= 6 were asked for (pass --devices-per-rank 2)")
     r = alpa_run(tmp_path / "nowhere")
     assert r.returncode == 2 and "no such plan directory" in r.stderr
     bad = tmp_path / "bad"
@@ -237,6 +242,12 @@ def test_plan_errors_before_launch(plans, tmp_path):
     r = alpa_run(bad)
     assert r.returncode == 2 and "corrupt plan file" in r.stderr
     assert "Traceback" not in r.stderr
+    (bad / "plan.json").write_text('{"schema": "alpac.plan/0", "compiler": {"version": "0.0.9"}}')
+    r = alpa_run(bad)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert _error_lines(r) == [f"alpa-run: error: {bad}/plan.json: plan schema is "
+                               f"'alpac.plan/0' (written by alpac 0.0.9); this alpac "
+                               f"({__version__}) reads 'alpac.plan/1': compile the plan again"]
 
 
 def test_wrong_device_count_under_direct_mpiexec(plans):

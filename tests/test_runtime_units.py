@@ -19,7 +19,8 @@ from test_runtime_plans import pipeline_plan
 from alpac.plan.schedule import bubble_fraction, max_live_microbatches, stage_tasks, timeline
 from alpac.runtime import resharding
 from alpac.runtime.status import STATUS_ENV
-from alpac.runtime.data import Param, entry_parameters, load_inputs, random_input, relative_errors
+from alpac.runtime.data import (Layout, Param, entry_parameters, load_inputs, random_input,
+                                relative_errors)
 from alpac.runtime.launcher import find_mpiexec, parse_mpi_args
 
 # ---- schedules -------------------------------------------------------------------------------
@@ -257,6 +258,20 @@ def test_entry_parameters_and_inputs(tmp_path):
     p = Param(3, "x", "f32", [5])
     np.testing.assert_array_equal(random_input(7, p), random_input(7, p))
     assert (random_input(7, p) >= 0).all()
+
+
+def test_a_layer_row_of_a_vector_is_a_scalar():
+    """A dropout key u32[2] stacked per layer: the program's piece of one row is u32[], as its
+    parameter says, not u32[1]; several rows keep the axis."""
+    layout = Layout(parameters=[[0, 1, 2, 0], [0, 0, 2, 0], [1, None, None, None]],
+                    outputs=[], aliases=[])
+    key = np.array([7, 42], np.uint32)
+    pieces = layout.cut({0: key, 1: np.ones((2, 3))}, range(3))
+    assert pieces[0].shape == () and pieces[0].dtype == np.uint32 and pieces[0] == 42
+    assert isinstance(pieces[0], np.ndarray)
+    assert pieces[1].shape == (2,) and pieces[2].shape == (2, 3)
+    params = layout.program_parameters([Param(0, "key", "u32", [2]), Param(1, "w", "f32", [2, 3])])
+    assert [p.shape for p in params] == [[], [2], [2, 3]]
 
 
 def test_relative_error_definition():

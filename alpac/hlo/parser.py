@@ -15,9 +15,12 @@ import re
 
 from alpac.errors import UserError
 from alpac.hlo.ir import COMPUTATION_ATTRS, Alias, Computation, ComputationRefs, Instruction, Module
+from alpac.hlo.limits import (INSTRUCTIONS_MAX, PARAMETERS_MAX, TUPLE_DEPTH_MAX, clipped,
+                              within)
 from alpac.hlo.opcodes import ELEMENTWISE
 from alpac.hlo.shape import Shape, ShapeSyntaxError, parse_shape
 from alpac.hlo.shaperules import same_shape
+from alpac.hlo.verify import alias_problem, call_problem
 
 _SPECIAL = re.compile(r'[(){}\[\]",]')
 _VALUE_STOP = re.compile(r'[\s(){}\[\]",]')
@@ -108,6 +111,7 @@ class _Parser:
     def __init__(self, text: str):
         self.text = text
         self.line_starts = [0] + [m.end() for m in re.finditer("\n", text)]
+        self.instructions = 0  # in the module so far, up to INSTRUCTIONS_MAX
 
     def line_col(self, offset: int) -> tuple[int, int]:
         offset = max(0, min(offset, len(self.text)))
@@ -197,6 +201,7 @@ class _Parser:
                          pos)
 
         comps = {c.name: c for c, _, _ in parsed}
+        starts = {c.name: start for c, _, start in parsed}
         for comp, calls, _ in parsed:
             for instr, key, value, offset in calls:
                 refs = []
@@ -225,6 +230,10 @@ class _Parser:
                     module.attrs[key] = value
             except (ValueError, ShapeSyntaxError, IndexError) as e:
                 raise _Error(f"malformed {key}: {e}", header_where[key]) from None
+        if problem := call_problem(module):
+            raise _Error(problem[1], starts[problem[0].name])
+        if problem := alias_problem(module):
+            raise _Error(problem[1], header_where[problem[0]])
         return module
 
     def skip_stack_frames(self, pos: int) -> int:
@@ -277,6 +286,10 @@ class _Parser:
                 pos += 1
                 break
             instr, is_root, refs, called, pos = self.instruction(pos)
+            self.instructions += 1
+            if self.instructions > INSTRUCTIONS_MAX:
+                raise _Error(f"more than {INSTRUCTIONS_MAX:,} instructions in the module; "
+                             f"alpac reads at most that many", instr.line)
             if instr.name in names:
                 raise _Error(f"instruction '{instr.name}' is defined twice", instr.line)
             names[instr.name] = instr
@@ -305,6 +318,9 @@ class _Parser:
                 if instr.shape is None:
                     raise _Error(f"'{instr.name}' has no shape and its shape cannot be "
                                  f"inferred from its operands", instr.line)
+                if instr.shape.nesting > TUPLE_DEPTH_MAX:
+                    raise _Error(f"'{instr.name}' makes a tuple shape nested more than "
+                                 f"{TUPLE_DEPTH_MAX} deep", instr.line)
         for instr, op, shape_text, offset in typed:
             _check_operand_shape(instr, op, shape_text, offset)
         comp.root = root or comp.instructions[-1]
@@ -347,9 +363,12 @@ class _Parser:
         payload, refs = None, []
         if opcode in ("constant", "parameter"):
             payload = " ".join(text[open_pos + 1:close].split())
-            if opcode == "parameter" and not payload.isdigit():
-                raise _Error(f"parameter '{name}' needs a number, found '{payload}'",
-                             open_pos + 1)
+            if opcode == "parameter" and not (payload.isascii() and payload.isdigit()):
+                raise _Error(f"parameter '{name}' needs a number, found "
+                             f"'{clipped(payload)}'", open_pos + 1)
+            if opcode == "parameter" and not within(payload, PARAMETERS_MAX - 1):
+                raise _Error(f"parameter '{name}' is numbered {clipped(payload)}; parameter "
+                             f"numbers are below {PARAMETERS_MAX:,}", open_pos + 1)
         else:
             for a, b in split_top_level(text, open_pos + 1, close):
                 item = _COMMENT.sub("", text[a:b]).strip()

@@ -10,6 +10,8 @@ import math
 import re
 from dataclasses import dataclass
 
+from alpac.hlo.limits import ELEMENTS_MAX, RANK_MAX, TUPLE_DEPTH_MAX, clipped, within
+
 # Bits per element; sub-byte types are packed when counting bytes.
 ELEMENT_BITS = {
     "pred": 8, "s2": 2, "s4": 4, "s8": 8, "s16": 16, "s32": 32, "s64": 64,
@@ -43,6 +45,11 @@ class Shape:
     @property
     def is_tuple(self) -> bool:
         return self.tuple_shapes is not None
+
+    @property
+    def nesting(self) -> int:
+        """Tuples around the deepest array (0 for an array), bounded by TUPLE_DEPTH_MAX."""
+        return 1 + max((s.nesting for s in self.tuple_shapes), default=0) if self.is_tuple else 0
 
     @property
     def rank(self) -> int:
@@ -123,15 +130,24 @@ class ShapeSyntaxError(ValueError):
 
 def parse_shape(text: str, pos: int = 0) -> tuple[Shape, int]:
     """Parse one shape starting at `pos`; return it and the position after it."""
+    return _parse_shape(text, pos, 0)
+
+
+def _parse_shape(text: str, pos: int, depth: int) -> tuple[Shape, int]:
+    """A shape `depth` tuples deep (refused past TUPLE_DEPTH_MAX, before Python's stack)."""
     n = len(text)
-    while pos < n and text[pos] in " \t":
-        pos += 1
-    if text.startswith("/*", pos):
+    while True:
+        while pos < n and text[pos] in " \t":
+            pos += 1
+        if not text.startswith("/*", pos):
+            break
         end = text.find("*/", pos)
         if end < 0:
             raise ShapeSyntaxError("unterminated comment in shape", pos)
-        return parse_shape(text, end + 2)
+        pos = end + 2
     if pos < n and text[pos] == "(":
+        if depth == TUPLE_DEPTH_MAX:
+            raise ShapeSyntaxError(f"tuple shape nested more than {TUPLE_DEPTH_MAX} deep", pos)
         pos += 1
         elems = []
         while True:
@@ -142,7 +158,7 @@ def parse_shape(text: str, pos: int = 0) -> tuple[Shape, int]:
                 continue
             if pos < n and text[pos] == ")":
                 return Shape.tuple_of(elems), pos + 1
-            shape, pos = parse_shape(text, pos)
+            shape, pos = _parse_shape(text, pos, depth + 1)
             elems.append(shape)
             while pos < n and text[pos] in " \t\n":
                 pos += 1
@@ -158,19 +174,7 @@ def parse_shape(text: str, pos: int = 0) -> tuple[Shape, int]:
     dtype, dims_text = m.group(1), m.group(2)
     if dtype not in ELEMENT_BITS:
         raise ShapeSyntaxError(f"unknown element type '{dtype}'", m.start(1))
-    dims, dyn = [], []
-    for part in dims_text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        is_dyn = part.startswith("<=")
-        num = part[2:] if is_dyn else part
-        if num == "?":
-            raise ShapeSyntaxError("unbounded dynamic dimensions are not supported", m.start(2))
-        if not num.isdigit():
-            raise ShapeSyntaxError(f"malformed dimension '{part}' in shape", m.start(2))
-        dims.append(int(num))
-        dyn.append(is_dyn)
+    dims, dyn = _dims(dims_text, m.start(2))
     pos = m.end()
     layout = None
     if pos < n and text[pos] == "{":
@@ -180,6 +184,35 @@ def parse_shape(text: str, pos: int = 0) -> tuple[Shape, int]:
         layout = text[pos + 1:end]
         pos = end + 1
     return Shape(dtype, tuple(dims), layout, None, tuple(dyn) if any(dyn) else ()), pos
+
+
+def _dims(text: str, offset: int) -> tuple[list[int], list[bool]]:
+    """The dimensions between an array shape's brackets and which are bounded dynamic (`<=N`),
+    within XLA's bounds: RANK_MAX of them, each and their product up to ELEMENTS_MAX."""
+    dims, dyn = [], []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        is_dyn = part.startswith("<=")
+        num = part[2:] if is_dyn else part
+        if num == "?":
+            raise ShapeSyntaxError("unbounded dynamic dimensions are not supported", offset)
+        if not (num.isascii() and num.isdigit()):
+            raise ShapeSyntaxError(f"malformed dimension '{clipped(part)}' in shape",
+                                   offset)
+        if not within(num, ELEMENTS_MAX):
+            raise ShapeSyntaxError(f"dimension {clipped(num)} is larger than XLA's limit "
+                                   f"{ELEMENTS_MAX} (2^63 - 1)", offset)
+        dims.append(int(num))
+        dyn.append(is_dyn)
+    if len(dims) > RANK_MAX:
+        raise ShapeSyntaxError(f"array shape has {len(dims)} dimensions; at most {RANK_MAX} "
+                               f"are accepted", offset)
+    if math.prod(dims) > ELEMENTS_MAX:
+        raise ShapeSyntaxError(f"array shape has more elements than XLA's limit {ELEMENTS_MAX} "
+                               f"(2^63 - 1)", offset)
+    return dims, dyn
 
 
 def _matching_brace(text: str, pos: int) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import re
 
-from alpac.hlo.ir import Computation, Instruction, Module
+from alpac.hlo.ir import Computation, ComputationRefs, Instruction, Module
 from alpac.hlo.printer import print_module
 
 
@@ -33,6 +33,50 @@ def inline_calls(module: Module) -> int:
         forward_tuples(module)
     drop_unreachable(module)
     return count
+
+
+# the computations a loop or conditional runs with its own state: each needs its own shardings
+_PER_CALLER = ("body", "condition", "branch_computations", "true_computation",
+               "false_computation")
+
+
+def flatten_call_graph(module: Module) -> int:
+    """Give every loop and conditional computations of their own (copies where several share
+    one); returns how many were copied. Inlined calls leave one loop body under several loops
+    (jax's PRNG rounds, called once per random draw), while the sharding planner gives each
+    loop's state its own sharding: a shared body would be annotated once per loop."""
+    claimed: set[int] = set()
+    copied = 0
+    todo = [module.entry]
+    while todo:
+        for instr in todo.pop().instructions:
+            for key in _PER_CALLER:
+                refs = instr.attrs.get(key)
+                if not isinstance(refs, ComputationRefs):
+                    continue
+                own = []
+                for callee in refs:
+                    if id(callee) in claimed:
+                        callee = _copy_computation(module, callee)
+                        copied += 1
+                    claimed.add(id(callee))
+                    own.append(callee)
+                    todo.append(callee)
+                instr.attrs[key] = ComputationRefs(own, refs.braced)
+    return copied
+
+
+def _copy_computation(module: Module, comp: Computation) -> Computation:
+    """A copy of `comp` with fresh names, placed after it; it calls what `comp` calls."""
+    mapping: dict[int, Instruction] = {}
+    copy = Computation(module.unique_name(comp.name))
+    for instr in comp.instructions:
+        mapping[id(instr)] = copy.append(Instruction(
+            module.unique_name(instr.name), instr.opcode, instr.shape,
+            [mapping[id(o)] for o in instr.operands], instr.attrs, instr.payload, instr.line))
+    copy.root = mapping[id(comp.root)]
+    module.computations.insert(module.computations.index(comp) + 1, copy)
+    return copy
 
 
 def _inline_one(module: Module, comp: Computation, call: Instruction) -> None:

@@ -31,7 +31,8 @@ from alpac.hlo.ir import Alias, Instruction, Module
 from alpac.hlo.opcodes import ELEMENTWISE
 from alpac.hlo.printer import print_module
 from alpac.hlo.shape import Shape
-from alpac.hlo.transforms import forward_tuples, inline_at, remove_dead_code
+from alpac.hlo.transforms import (flatten_call_graph, forward_tuples, inline_at,
+                                  remove_dead_code)
 from alpac.interop.loopsplit import split_layer_loop
 from alpac.plan.program import input_value
 
@@ -129,6 +130,7 @@ def _cut(module: Module, loops, stages: int) -> tuple[Module, Unrolled] | None:
     outputs = _cut_outputs(work, stacked)
     _Squeezer(work).run()
     remove_dead_code(work)
+    flatten_call_graph(work)  # the inlined layers' loops (a dropout's PRNG) share bodies
     aliases = _aliases(module, work, parameters, outputs)
     if aliases is None:
         return None

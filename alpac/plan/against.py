@@ -6,7 +6,6 @@ wrong or the ranks waited on each other more than the pipeline's formula says.""
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from alpac.errors import UserError
-from alpac.plan.io import plan_identity
+from alpac.plan.io import parse_json, plan_identity
 from alpac.plan.trace import (fed_and_freed_seconds, module_estimates, stage_busy_estimate,
                               transfer_seconds)
 from alpac.units import duration
@@ -37,11 +36,12 @@ class Row:
 def load_report(path: Path, plan: dict) -> dict:
     """The report of a run of this plan (UserError if unreadable or of another plan)."""
     try:
-        report = json.loads(path.read_text())
+        text = path.read_text()
     except OSError as e:
         raise UserError(f"cannot read the report: {e.strerror}", path=str(path)) from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except UnicodeDecodeError as e:
         raise UserError(f"corrupt report: {e}", path=str(path)) from None
+    report = parse_json(text, path, "report")
     if not isinstance(report, dict) or "median_iteration_time_s" not in report:
         raise UserError("not an alpa-run --report file", path=str(path))
     mine = plan_identity(plan)

@@ -37,6 +37,12 @@ POLL_FIRST_S, POLL_GROWTH, POLL_LONGEST_S = 2e-5, 1.5, 1e-3
 
 
 HOST_COUNTS = ("ranks_per_host", "host_cores")
+# Ranges of the section's figures, far outside any measurement but finite, so that no absurd
+# number (1e300) reaches the ILP solver: seconds of a figure or a row; a row's size (FLOPs,
+# bytes or devices); a host count or a collective's group size.
+SECONDS_MAX = 1e4
+SIZE_MIN, SIZE_MAX = 1.0, 1e30
+COUNT_MAX = 1_000_000
 # the compute tables measured again on one device alone (`Calibration.alone`)
 ALONE_TABLES = ("dot", "elementwise", "reduce")
 
@@ -292,15 +298,17 @@ def _seconds(d: dict, name: str, fail) -> float:
         value = _number(d.get(name, 0.0))
     except (TypeError, ValueError):
         value = -1.0
-    if not 0 <= value < math.inf:
-        fail(("calibration", name), f"expected non-negative seconds, got {d[name]!r}")
+    if not 0 <= value <= SECONDS_MAX:
+        fail(("calibration", name), f"expected non-negative seconds up to {SECONDS_MAX:g}, got "
+             f"{d[name]!r}")
     return float(value)
 
 
 def _count(d: dict, name: str, fail) -> int:
     value = d.get(name, 0)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        fail(("calibration", name), f"expected a whole number >= 0, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= COUNT_MAX:
+        fail(("calibration", name), f"expected a whole number >= 0 and <= {COUNT_MAX:,}, got "
+             f"{value!r}")
     return value
 
 
@@ -315,9 +323,10 @@ def _mapping(d, keys, allowed, fail) -> dict:
 
 def _group(n, keys, fail) -> int:
     """A group size: an integer >= 2 (a string of digits in plan.json's JSON copy)."""
-    size = int(n) if isinstance(n, str) and n.isdigit() else n
-    if isinstance(size, bool) or not isinstance(size, int) or size < 2:
-        fail(keys, f"expected a group size (an integer >= 2), got {n!r}")
+    digits = isinstance(n, str) and n.isascii() and n.isdigit() and len(n) <= len(str(COUNT_MAX))
+    size = int(n) if digits else n
+    if isinstance(size, bool) or not isinstance(size, int) or not 2 <= size <= COUNT_MAX:
+        fail(keys, f"expected a group size (an integer from 2 to {COUNT_MAX:,}), got {n!r}")
     return size
 
 
@@ -332,8 +341,9 @@ def _table(rows, keys, fail) -> Table:
     except (TypeError, ValueError, KeyError):
         pairs = []
     if not pairs or len(pairs) != len(rows) or not all(
-            x > 0 and y > 0 and math.isfinite(x) and math.isfinite(y) for x, y in pairs):
-        fail(keys, "expected a list of [size, seconds] rows of positive numbers")
+            SIZE_MIN <= x <= SIZE_MAX and 0 < y <= SECONDS_MAX for x, y in pairs):
+        fail(keys, f"expected a list of [size, seconds] rows, sizes from {SIZE_MIN:g} to "
+             f"{SIZE_MAX:g}, seconds above 0 up to {SECONDS_MAX:g}")
     if any(b[0] <= a[0] for a, b in zip(pairs, pairs[1:])):
         fail(keys, "sizes must be strictly ascending")
     return Table(tuple(x for x, _ in pairs), tuple(y for _, y in pairs))

@@ -3,8 +3,8 @@
 A cluster file (YAML) has these keys, all required unless marked optional:
 
     name: aws-p3.16xlarge-x8
-    nodes: 8                        # positive integer
-    devices_per_node: 8             # positive integer
+    nodes: 8                        # whole number, 1 to DEVICES_MAX (with devices_per_node)
+    devices_per_node: 8             # whole number, 1 to DEVICES_MAX
     device:
       name: V100-SXM2-16GB
       memory: 16GiB                 # size
@@ -13,7 +13,7 @@ A cluster file (YAML) has these keys, all required unless marked optional:
     links:
       intra_node: {bandwidth: 150GB/s, latency: 5us}
       inter_node: {bandwidth: 25Gbit/s, latency: 20us}   # optional when nodes is 1
-    efficiency:                     # optional: the share of each peak programs get, (0, 1]
+    efficiency:                     # optional: the share of each peak programs get, 0.001-1
       dot: 0.75                     #   matmuls and convolutions, of device.flops
       memory: 0.85                  #   fused elementwise and reduce kernels, of memory_bandwidth
       intra_node: 0.8               #   collectives and sends, of that link's bandwidth
@@ -28,6 +28,9 @@ number and unit):
   Gbit/s, Tbit/s, Gbps, Mbps);
 - latency: ns, us (or µs), ms, s;
 - flops: a prefix K, M, G, T or P, alone or followed by FLOP/s or FLOPS (125T, 15.7 TFLOP/s).
+
+Each figure must lie in its physical range (FIGURE_RANGES), and the file within the bounds of
+a cluster file (CLUSTER_BYTES_MAX, YAML_DEPTH_MAX, YAML_VALUES_MAX).
 
 Devices are numbered node-major: device d is on node d // devices_per_node.
 Mistakes raise `UserError` naming the file, the line of the offending key and its key path.
@@ -61,6 +64,18 @@ DEFAULT_CPU_FLOPS = 20e9
 #: The default cluster's devices are threads in one process: links are in-memory copies.
 DEFAULT_CPU_LINK_BANDWIDTH = 10e9
 DEFAULT_CPU_LINK_LATENCY = 2e-6
+
+# Bounds on a cluster file, far past any real one (a calibrated file is ~10 kB, ~2,000 values,
+# 6 levels deep): a small hostile file is refused in one line, not expanded without end.
+CLUSTER_BYTES_MAX = 1 << 20
+YAML_DEPTH_MAX = 64
+YAML_VALUES_MAX = 100_000  # with aliases expanded
+# Physical ranges of its figures, far outside any real hardware but finite, so that no absurd
+# number (1e-300, 1e300) reaches the ILP solver: kind: (least, most, base unit).
+FIGURE_RANGES = {"size": (1e6, 1e16, "bytes"), "bandwidth": (1e3, 1e18, "bytes/s"),
+                 "latency": (0.0, 10.0, "s"), "flops": (1e6, 1e18, "FLOP/s")}
+DEVICES_MAX = 1_000_000  # nodes, devices per node, and both multiplied
+EFFICIENCY_MIN = 1e-3  # the least share of a peak programs get
 
 
 @dataclass(frozen=True)
@@ -191,19 +206,32 @@ class Cluster:
 
 
 def load_cluster(path: str | Path) -> Cluster:
+    data, marks = read_cluster_file(path)
+    return _Reader(str(path), marks).cluster(data)
+
+
+def read_cluster_file(path: str | Path) -> tuple[Any, dict[tuple[str, ...], tuple[int, int]]]:
+    """The YAML of a cluster file, unchecked, and the (line, column) of each key path in it;
+    UserError if it is unreadable, not YAML, or past the bounds of a cluster file (its size,
+    depth, values with aliases expanded: `_BoundedLoader`)."""
     p = Path(path)
     if not p.exists():
         raise UserError("no such file; expected a cluster spec (YAML)", path=str(path))
     if p.is_dir():
         raise UserError("is a directory; expected a cluster spec file (YAML)", path=str(path))
     try:
-        text = p.read_text(encoding="utf-8")
+        with open(p, "rb") as f:
+            raw = f.read(CLUSTER_BYTES_MAX + 1)
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise UserError("not UTF-8 text; expected a cluster spec (YAML)", path=str(path)) from None
     except OSError as e:
         raise UserError(f"cannot read: {e.strerror}", path=str(path)) from None
+    if len(raw) > CLUSTER_BYTES_MAX:
+        raise UserError(f"larger than {CLUSTER_BYTES_MAX >> 20} MiB, the most a cluster file "
+                        f"may be", path=str(path))
     try:
-        loader = yaml.SafeLoader(text)
+        loader = _BoundedLoader(text, str(path))
         node = loader.get_single_node()
         data = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as e:
@@ -219,7 +247,63 @@ def load_cluster(path: str | Path) -> Cluster:
     marks: dict[tuple[str, ...], tuple[int, int]] = {(): (node.start_mark.line + 1,
                                                           node.start_mark.column + 1)}
     _collect_marks(node, (), marks, str(path))
-    return _Reader(str(path), marks).cluster(data)
+    return data, marks
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """YAML's safe loader within the bounds of a cluster file: at most YAML_DEPTH_MAX levels
+    and YAML_VALUES_MAX values with aliases expanded (a few hundred bytes of aliases of
+    aliases expand to billions), and no alias inside its own anchor. Each node's expanded
+    size is known as it is composed, so nothing is expanded to measure it."""
+
+    def __init__(self, text: str, path: str):
+        super().__init__(text)
+        self.path, self.depth = path, 0
+        self.expanded: dict[int, tuple[int, int]] = {}  # id of a node: (values, levels)
+
+    def compose_node(self, parent, index):
+        is_alias = self.check_event(yaml.AliasEvent)
+        mark = self.peek_event().start_mark
+        self.depth += 1
+        if self.depth > YAML_DEPTH_MAX:
+            self.refuse(mark, f"YAML nested more than {YAML_DEPTH_MAX} levels deep, the most a "
+                        f"cluster file may nest")
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+        if is_alias:
+            if id(node) not in self.expanded:
+                self.refuse(mark, "recursive YAML alias (inside its own anchor); expected "
+                            "an alias of a value defined before it")
+            return node
+        children = (node.value if isinstance(node, yaml.SequenceNode) else
+                    [n for pair in node.value for n in pair]
+                    if isinstance(node, yaml.MappingNode) else [])
+        values = 1 + sum(self.expanded[id(c)][0] for c in children)
+        levels = 1 + max((self.expanded[id(c)][1] for c in children), default=0)
+        if levels > YAML_DEPTH_MAX:
+            self.refuse(mark, f"YAML nested more than {YAML_DEPTH_MAX} levels deep with its "
+                        f"aliases expanded, the most a cluster file may nest")
+        if values > YAML_VALUES_MAX:
+            self.refuse(mark, f"YAML of more than {YAML_VALUES_MAX:,} values with its aliases "
+                        f"expanded, the most a cluster file may hold")
+        self.expanded[id(node)] = (values, levels)
+        return node
+
+    def refuse(self, mark, message: str) -> NoReturn:
+        raise UserError(message, path=self.path, line=mark.line + 1, col=mark.column + 1)
+
+    def construct_yaml_int(self, node):
+        """An integer, or a YAML error where Python refuses its thousands of digits."""
+        try:
+            return super().construct_yaml_int(node)
+        except ValueError as e:
+            raise yaml.constructor.ConstructorError(None, None, str(e).split(";")[0],
+                                                    node.start_mark) from None
+
+
+_BoundedLoader.add_constructor("tag:yaml.org,2002:int", _BoundedLoader.construct_yaml_int)
 
 
 def default_cluster() -> Cluster:
@@ -321,11 +405,11 @@ class _Reader:
         bandwidth = dev.get("memory_bandwidth")
         device = DeviceSpec(
             self.string(dev["name"], ("device", "name")),
-            round(self.quantity(dev["memory"], ("device", "memory"), "size")),
-            {str(t): self.quantity(v, ("device", "flops", str(t)), "flops")
+            round(self.figure(dev["memory"], ("device", "memory"), "size")),
+            {str(t): self.figure(v, ("device", "flops", str(t)), "flops")
              for t, v in flops.items()},
-            None if bandwidth is None else self.quantity(bandwidth, ("device", "memory_bandwidth"),
-                                                         "bandwidth"))
+            None if bandwidth is None else self.figure(bandwidth, ("device", "memory_bandwidth"),
+                                                       "bandwidth"))
         links = self.mapping(d["links"], ("links",), ("intra_node",), ("inter_node",))
         intra = self.link(links["intra_node"], ("links", "intra_node"))
         if "inter_node" in links:
@@ -336,24 +420,28 @@ class _Reader:
             self.fail(("links", "inter_node"), f"missing key (required when nodes is {nodes})")
         calibration = read_calibration(d["calibration"], self.fail) \
             if "calibration" in d else None
-        return Cluster(self.string(d["name"], ("name",)), nodes,
-                       self.count(d["devices_per_node"], ("devices_per_node",)), device,
-                       intra, inter, calibration, self.efficiency(d.get("efficiency", {})))
+        per_node = self.count(d["devices_per_node"], ("devices_per_node",))
+        if nodes * per_node > DEVICES_MAX:
+            self.fail(("devices_per_node",), f"{nodes} nodes of {per_node} devices are "
+                      f"{nodes * per_node:,} devices; a cluster may have at most {DEVICES_MAX:,}")
+        return Cluster(self.string(d["name"], ("name",)), nodes, per_node, device, intra, inter,
+                       calibration, self.efficiency(d.get("efficiency", {})))
 
     def efficiency(self, d: Any) -> Efficiency:
         self.mapping(d, ("efficiency",), (), _EFFICIENCY_KEYS)
         shares = {}
         for key, v in d.items():
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
-                self.fail(("efficiency", key),
-                          f"expected a share of the peak in (0, 1], like 0.8, got {_describe(v)}")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or \
+                    not EFFICIENCY_MIN <= v <= 1:
+                self.fail(("efficiency", key), f"expected a share of the peak from "
+                          f"{EFFICIENCY_MIN:g} to 1, like 0.8, got {_describe(v)}")
             shares[key] = float(v)
         return Efficiency(**shares)
 
     def link(self, d: Any, keys: tuple[str, ...]) -> Link:
         self.mapping(d, keys, ("bandwidth", "latency"))
-        return Link(self.quantity(d["bandwidth"], keys + ("bandwidth",), "bandwidth"),
-                    self.quantity(d["latency"], keys + ("latency",), "latency"))
+        return Link(self.figure(d["bandwidth"], keys + ("bandwidth",), "bandwidth"),
+                    self.figure(d["latency"], keys + ("latency",), "latency"))
 
     def mapping(self, d: Any, keys: tuple[str, ...], required: tuple[str, ...],
                 optional: tuple[str, ...] = ()) -> dict:
@@ -376,9 +464,19 @@ class _Reader:
         return v
 
     def count(self, v: Any, keys: tuple[str, ...]) -> int:
-        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-            self.fail(keys, f"expected a positive integer, got {_describe(v)}")
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= DEVICES_MAX:
+            self.fail(keys, f"expected a whole number from 1 to {DEVICES_MAX:,}, got "
+                      f"{_describe(v)}")
         return v
+
+    def figure(self, v: Any, keys: tuple[str, ...], kind: str) -> float:
+        """A quantity within the physical range of its kind (FIGURE_RANGES)."""
+        value = self.quantity(v, keys, kind)
+        least, most, unit = FIGURE_RANGES[kind]
+        if not least <= value <= most:
+            self.fail(keys, f"expected a {_KINDS[kind][1]} from {least:g} to {most:g} {unit}, "
+                      f"got {_describe(v)}")
+        return value
 
     def quantity(self, v: Any, keys: tuple[str, ...], kind: str) -> float:
         units, noun, hint = _KINDS[kind]
@@ -416,6 +514,8 @@ def _describe(v: Any) -> str:
         return "nothing (null)"
     if isinstance(v, bool):
         return f"a boolean ({str(v).lower()})"
+    if isinstance(v, int) and v.bit_length() > 128:  # (repr refuses thousands of digits)
+        return f"an integer of {v.bit_length()} bits"
     if isinstance(v, (int, float, str)):
         return repr(v)
     if isinstance(v, dict):

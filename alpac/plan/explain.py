@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from alpac.errors import UserError
-from alpac.plan.io import load_plan, read_plan_text
+from alpac.plan.io import load_plan, parse_json, read_plan_text
 from alpac.plan.program import Role
 from alpac.units import duration, si
 
@@ -26,11 +24,8 @@ def load(plan_dir: str | Path) -> dict:
 
 
 def decisions(plan_dir: str | Path, stage: dict) -> list[dict]:
-    try:
-        return json.loads(read_plan_text(plan_dir, stage["decisions"], "decisions file"))
-    except json.JSONDecodeError as e:
-        raise UserError(f"cannot read the stage's decisions: {e}",
-                        path=str(Path(plan_dir) / stage["decisions"])) from None
+    return parse_json(read_plan_text(plan_dir, stage["decisions"], "decisions file"),
+                      Path(plan_dir) / stage["decisions"], "stage's decisions file")
 
 
 def render(plan: dict, plan_dir: Path, console: Console, pattern: str | None,

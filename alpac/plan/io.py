@@ -25,7 +25,9 @@ from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO, Iterator
 
+from alpac import __version__
 from alpac.errors import UserError
+from alpac.hlo.limits import too_deep_at
 
 SCHEMA = "alpac.plan/1"
 PLAN_FILE = "plan.json"
@@ -35,6 +37,12 @@ SOURCE_FILE = "source.hlo"
 # per-instruction decisions, the stats); far above what alpac writes, far below a device's flood
 MODULE_BYTES_MAX = 8 << 30
 JSON_BYTES_MAX = 1 << 30
+# bounds on what a plan's JSON may hold, far above what alpac writes (plan.json nests 8 deep;
+# Megatron's largest runs have 64 stages of 1,536 microbatches): a tampered plan is refused in
+# one line instead of recursing past Python's stack or making a reader allocate without end
+JSON_DEPTH_MAX = 64
+MICRO_BATCHES_MAX = 1 << 16
+PIPELINE_TASKS_MAX = 1 << 22  # stages x microbatches: the tasks a schedule lists
 _KINDS = {stat.S_IFDIR: "directory", stat.S_IFIFO: "FIFO", stat.S_IFCHR: "character device",
           stat.S_IFBLK: "block device", stat.S_IFSOCK: "socket"}
 
@@ -151,6 +159,12 @@ def plan_identity(plan: dict) -> dict:
 
 # ---- reading -------------------------------------------------------------------------------
 
+def _written_by(plan) -> str:
+    compiler = plan.get("compiler") if isinstance(plan, dict) else None
+    version = compiler.get("version") if isinstance(compiler, dict) else None
+    return f" (written by alpac {version})" if isinstance(version, str) else ""
+
+
 def load_plan(plan_dir: str | Path) -> tuple[dict, dict]:
     """(plan, stats) from a plan directory; UserError if it is missing or not a plan, or if a
     file it names, or its source.hlo, is not a regular file inside it (`plan_file`)."""
@@ -161,25 +175,60 @@ def load_plan(plan_dir: str | Path) -> tuple[dict, dict]:
     if not os.path.lexists(d / PLAN_FILE):
         raise UserError(f"not a plan directory (no {PLAN_FILE})", path=str(plan_dir))
     path = d / PLAN_FILE
-    try:
-        plan = json.loads(read_plan_text(d, PLAN_FILE, PLAN_FILE))
-    except json.JSONDecodeError as e:
-        raise UserError(f"corrupt plan file: {e}", path=str(path), line=e.lineno,
-                        col=e.colno) from None
+    plan = parse_json(read_plan_text(d, PLAN_FILE, PLAN_FILE), path, "plan file")
     if not isinstance(plan, dict) or plan.get("schema") != SCHEMA:
         found = plan.get("schema") if isinstance(plan, dict) else type(plan).__name__
-        raise UserError(f"plan schema is {found!r}; this alpac reads {SCHEMA!r}", path=str(path))
+        raise UserError(f"plan schema is {found!r}{_written_by(plan)}; this alpac "
+                        f"({__version__}) reads {SCHEMA!r}: compile the plan again",
+                        path=str(path))
     for what, name in named_files(plan, path):
         plan_file(d, name, what)
+    _check_counts(plan, path)
     if os.path.lexists(d / SOURCE_FILE):
         plan_file(d, SOURCE_FILE, "source module")
     stats = {}
     if os.path.lexists(d / STATS_FILE):
+        text = read_plan_text(d, STATS_FILE, STATS_FILE)
         try:
-            stats = json.loads(read_plan_text(d, STATS_FILE, STATS_FILE))
-        except json.JSONDecodeError:
+            stats = parse_json(text, d / STATS_FILE, STATS_FILE)
+        except UserError:  # timings only: a plan without them still reads
             stats = {}
     return plan, stats
+
+
+_JSON_STRING = r'"[^"\\]*(?:\\.[^"\\]*)*"'  # (its brackets nest nothing)
+
+
+def parse_json(text: str, path: str | Path, what: str):
+    """`text` (of the file `path`, a `what`: "report") as JSON; UserError naming the file and
+    the line if it is not JSON or nests deeper than JSON_DEPTH_MAX (measured before parsing,
+    as Python's parser recurses per level)."""
+    offset = too_deep_at(text, "[]{}", _JSON_STRING, JSON_DEPTH_MAX)
+    if offset is not None:
+        raise UserError(f"the {what} nests deeper than {JSON_DEPTH_MAX} levels, more than "
+                        f"alpac reads", path=str(path), line=text.count("\n", 0, offset) + 1)
+    try:
+        return json.loads(text)
+    except ValueError as e:  # JSONDecodeError with its place, or a number of 5,000 digits
+        raise UserError(f"corrupt {what}: {e}", path=str(path), line=getattr(e, "lineno", None),
+                        col=getattr(e, "colno", None)) from None
+
+
+def _check_counts(plan: dict, where: Path) -> None:
+    """UserError unless the plan's microbatches, and its pipeline's tasks, are within their
+    bounds: a tampered count must not make a reader allocate without end."""
+    program = plan.get("program") or {}
+    stages = max(len(plan.get("stages") or []), len(program.get("modules") or []), 1)
+    for key, holder in (("num_micro_batches", plan), ("program.num_micro_batches", program)):
+        count = holder.get("num_micro_batches", 1)
+        if isinstance(count, bool) or not isinstance(count, int) or \
+                not 1 <= count <= MICRO_BATCHES_MAX:
+            raise UserError(f"{key} is {str(count)[:40]}; expected a whole number from 1 to "
+                            f"{MICRO_BATCHES_MAX:,}", path=str(where))
+        if count * stages > PIPELINE_TASKS_MAX:
+            raise UserError(f"{key} is {count} over {stages} stages or modules, more than the "
+                            f"{PIPELINE_TASKS_MAX:,} tasks of a pipeline alpac reads",
+                            path=str(where))
 
 
 def named_files(plan: dict, where: Path) -> list[tuple[str, str]]:

@@ -31,7 +31,7 @@ microbatch in flight.
 from __future__ import annotations
 
 import enum
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -124,7 +124,7 @@ class Program:
     layout: dict | None = None  # how inputs and outputs are pieces of the source's (above)
 
     def to_dict(self) -> dict:
-        d = asdict(self)
+        d = _plain(self)
         if d["layout"] is None:  # (plans without cut layer loops are as they were)
             del d["layout"]
         return d
@@ -152,6 +152,21 @@ class Program:
         per microbatch)."""
         return sum(t.bytes * (self.num_micro_batches if t.scope == "microbatch" else 1)
                    for t in self.transfers)
+
+
+def _plain(value):
+    """`dataclasses.asdict` without its deep copy of every leaf, which made writing the
+    program of a module with many inputs and outputs slow: the program holds only
+    dataclasses, lists, tuples, dicts, strings and numbers, so copying the containers is
+    enough."""
+    if isinstance(value, (str, int, float)) or value is None:
+        return value
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_plain(v) for v in value)
+    items = value.items() if isinstance(value, dict) else vars(value).items()
+    return {k: _plain(v) for k, v in items}
 
 
 def module_signature(module) -> tuple[list[str], list[str]]:

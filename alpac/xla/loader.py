@@ -11,6 +11,7 @@ from pathlib import Path
 
 from alpac.errors import UserError
 from alpac.hlo import Module, parse_hlo
+from alpac.hlo.limits import MLIR_DEPTH_MAX, too_deep_at
 from alpac.hlo.shapecheck import check_module
 
 TEXT_SUFFIXES = (".hlo", ".txt")
@@ -55,11 +56,27 @@ def load_module(path: str | Path) -> Module:
                         col=col) from None
     if kind == "mlir":
         from alpac.xla.bridge import hlo_text_from_stablehlo
+        _check_nesting(text, name)
         try:
             text = hlo_text_from_stablehlo(text)
         except ValueError as e:
             raise UserError(f"not a valid StableHLO/MHLO module: {e}", path=name) from None
     return _checked(parse_hlo(text, name), name, text, from_text=kind == "text")
+
+
+# what nests nothing in MLIR text: strings, comments and the arrows of function types
+_MLIR_UNNESTED = r'"[^"\\]*(?:\\.[^"\\]*)*"|//[^\n]*|->'
+
+
+def _check_nesting(text: str, name: str) -> None:
+    """UserError where StableHLO text nests past MLIR_DEPTH_MAX, before XLA's parser, which
+    recurses in C++, overflows its stack on it (a segfault, not an error)."""
+    offset = too_deep_at(text, "()[]{}<>", _MLIR_UNNESTED, MLIR_DEPTH_MAX)
+    if offset is not None:
+        line = text.count("\n", 0, offset) + 1
+        raise UserError(f"nested more than {MLIR_DEPTH_MAX} brackets deep, more than alpac "
+                        f"hands XLA's parser", path=name, line=line,
+                        col=offset - text.rfind("\n", 0, offset))
 
 
 def _checked(module: Module, name: str, text: str, from_text: bool) -> Module:

@@ -755,22 +755,25 @@ def hf_resnet_train() -> JaxSpec:
 SCAN_LM = dict(SMALL, layers=6, vocab=VOCAB, seq=SEQ, batch=BATCH)
 
 
-def _scan_lm_module(scan: bool, remat: bool):
+def _scan_lm_module(scan: bool, remat: bool, dropout: float = 0.0):
     import flax.linen as nn
     import jax.numpy as jnp
     cfg = SCAN_LM
 
     class Block(nn.Module):
-        """Pre-LN decoder block: causal self-attention and a GELU MLP, residuals around both."""
+        """Pre-LN decoder block: causal self-attention and a GELU MLP, residuals around both;
+        with `dropout`, on the attention probabilities and after each residual branch."""
 
         @nn.compact
         def __call__(self, x, _):
             mask = nn.make_causal_mask(jnp.ones(x.shape[:2], jnp.int32))
-            h = nn.SelfAttention(num_heads=cfg["heads"], deterministic=True,
+            h = nn.SelfAttention(num_heads=cfg["heads"], deterministic=not dropout,
+                                 dropout_rate=dropout,
                                  name="attention")(nn.LayerNorm(name="ln1")(x), mask=mask)
-            x = x + h
+            x = x + nn.Dropout(dropout, deterministic=not dropout)(h)
             h = nn.Dense(cfg["ff"], name="fc_in")(nn.LayerNorm(name="ln2")(x))
-            return x + nn.Dense(cfg["hidden"], name="fc_out")(nn.gelu(h)), None
+            h = nn.Dense(cfg["hidden"], name="fc_out")(nn.gelu(h))
+            return x + nn.Dropout(dropout, deterministic=not dropout)(h), None
 
     class LM(nn.Module):
         @nn.compact
@@ -781,7 +784,8 @@ def _scan_lm_module(scan: bool, remat: bool):
             x = embed(ids) + pos[None, : ids.shape[1]]
             block = nn.remat(Block) if remat else Block
             if scan:
-                x, _ = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
+                x, _ = nn.scan(block, variable_axes={"params": 0},
+                               split_rngs={"params": True, "dropout": True},
                                length=cfg["layers"])(name="layers")(x, None)
             else:
                 for k in range(cfg["layers"]):
@@ -853,6 +857,25 @@ def flax_scan_lm_fwd() -> JaxSpec:
     return _scan_lm(scan=True, remat=False, train=False)
 
 
+def flax_scan_dropout_lm_train() -> JaxSpec:
+    """The scanned LM trained with dropout: the raw uint32[2] key is split per layer inside
+    the loop (split_rngs), a step input that is not a batch and not state."""
+    model = _scan_lm_module(True, False, dropout=0.1)
+    rng = np.random.default_rng(13)
+    batch = {"input_ids": _ids(rng, SCAN_LM["batch"], SCAN_LM["seq"], SCAN_LM["vocab"])}
+
+    def loss_fn(params, state, b, key):
+        logits = model.apply(params, b["input_ids"], rngs={"dropout": key})
+        return _ce(logits[:, :-1], b["input_ids"][:, 1:]), state
+    description = (f"Pre-LN decoder LM ({SCAN_LM['layers']} blocks, hidden {SCAN_LM['hidden']}"
+                   f", {SCAN_LM['heads']} heads, tied embedding), Flax nn.scan over the blocks "
+                   "with dropout 0.1 (attention and residual branches, the key split per layer "
+                   "in the loop), next-token cross-entropy, optax AdamW")
+    config = dict(SCAN_LM, scan=True, remat=False, dropout=0.1, model="flax.linen decoder LM")
+    return _hf_train(None, loss_fn, batch, description=description, config=config, seed=13,
+                     dropout=True, params=_scan_lm_params())
+
+
 JAX_PROGRAMS: dict[str, Callable[[], JaxSpec]] = {
     "hf_gpt2_train": hf_gpt2_train,
     "hf_bert_mlm_train": hf_bert_mlm_train,
@@ -879,6 +902,7 @@ JAX_PROGRAMS: dict[str, Callable[[], JaxSpec]] = {
     "flax_unrolled_lm_train": flax_unrolled_lm_train,
     "flax_unrolled_remat_lm_train": flax_unrolled_remat_lm_train,
     "flax_scan_lm_fwd": flax_scan_lm_fwd,
+    "flax_scan_dropout_lm_train": flax_scan_dropout_lm_train,
 }
 
 

@@ -12,16 +12,20 @@ come back, share one batch size and reach the loss through every layer. So:
 3. the best candidate fixes the batch size N; the other candidates of size N join one by one
    if the analysis of the joint set mixes no examples that the smaller set did not.
 
+Each trial analyses only what its split parameters reach (`_Trials`), so that a module with
+thousands of candidates is not analysed whole thousands of times.
+
 `--batch-args` (param:dim,...) overrides all of this.
 """
 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 
-from alpac.analysis.step.dataflow import analyse
-from alpac.analysis.step.lattice import leaves
+from alpac.analysis.step.dataflow import Dataflow, analyse, batch_only
+from alpac.analysis.step.lattice import all_indep, leaves
 from alpac.errors import UserError
 from alpac.hlo.ir import Instruction, Module
 from alpac.hlo.opcodes import CONTRACTIONS
@@ -122,32 +126,33 @@ def _state_params(module: Module) -> tuple[set[int], list[str]]:
     evidence = []
     if aliased:
         evidence.append(f"{len(aliased)} parameters are aliased to outputs (donated state)")
-    rest = [p for p in entry.parameters if p.parameter_number not in aliased]
-    sources = output_sources(module)
-    by_shape: dict[tuple, list[Instruction]] = {}
-    for s in sources:
+    unaliased_by_shape: dict[tuple, set[int]] = {}
+    for p in entry.parameters:
+        if p.parameter_number not in aliased and not p.shape.is_tuple and p.shape.rank > 0:
+            unaliased_by_shape.setdefault(_shape_key(p), set()).add(p.parameter_number)
+    sources_by_shape: dict[tuple, list[Instruction]] = {}
+    for s in output_sources(module):
         if not s.shape.is_tuple:
-            by_shape.setdefault((s.shape.dtype, s.shape.dims), []).append(s)
+            sources_by_shape.setdefault(_shape_key(s), []).append(s)
+    # A parameter feeds some output of its shape iff it is an ancestor of those outputs taken
+    # together: one walk per output shape, not one per parameter.
     returned = set()
-    ancestors_cache: dict[int, set[int]] = {}
-    for p in rest:
-        if p.shape.is_tuple or p.shape.rank == 0:
-            continue
-        for s in by_shape.get((p.shape.dtype, p.shape.dims), ()):
-            anc = ancestors_cache.get(id(s))
-            if anc is None:
-                anc = ancestors_cache[id(s)] = _param_ancestors(s)
-            if p.parameter_number in anc:
-                returned.add(p.parameter_number)
-                break
+    for key, numbers in unaliased_by_shape.items():
+        if key in sources_by_shape:
+            returned |= numbers & _param_ancestors(sources_by_shape[key])
     if returned:
         evidence.append(f"{len(returned)} unaliased parameters come back as outputs of the "
                         f"same shape that depend on them (state)")
     return aliased | returned, evidence
 
 
-def _param_ancestors(x: Instruction) -> set[int]:
-    seen, out, stack = set(), set(), [x]
+def _shape_key(x: Instruction) -> tuple:
+    return x.shape.dtype, x.shape.dims
+
+
+def _param_ancestors(roots: list[Instruction]) -> set[int]:
+    """The numbers of the parameters any of `roots` depends on."""
+    seen, out, stack = set(), set(), list(roots)
     while stack:
         y = stack.pop()
         if id(y) in seen:
@@ -171,20 +176,67 @@ class _Trial:
         return self.outputs > 0
 
 
-def _trial(module: Module, dims: dict[int, int], size: int) -> _Trial:
-    df, _ = analyse(module, dims, size)
-    dots = 0
-    for instr, c in df.cls.items():
-        if instr.opcode in CONTRACTIONS and any(
-                leaf.kind in "SP" for leaf in leaves(c)):
+class _Trials:
+    """What the trial splits of one module share. A split changes the classes of only the
+    entry instructions that depend on a split parameter (its cone): a trial walks its cone,
+    the others keep their classes with nothing split, and trying every candidate costs the
+    sum of their cones, not candidates x instructions. Exact where every class with nothing
+    split is independent of the batch (then no batch statistic, prologue value or mixing of
+    examples lies outside a cone); elsewhere a trial analyses the whole module."""
+
+    def __init__(self, module: Module):
+        entry = module.entry
+        self.module = module
+        self.outputs = Counter(output_sources(module))  # an instruction may be output twice
+        self.users = entry.users()
+        self.position = {x: k for k, x in enumerate(entry.instructions)}
+        self.params = {p.parameter_number: p for p in entry.parameters}
+        root = entry.root  # the output tuple: its leaves are read one by one
+        self.unread_root = root if root.opcode == "tuple" and not self.users[root] else None
+        self.parameterless = batch_only(module, {})  # constants and what they make
+        self._unsplit: dict[int, dict | None] = {}
+
+    def analyse(self, dims: dict[int, int], size: int) -> Dataflow:
+        unsplit = self._unsplit_classes(size)
+        if unsplit is None:
+            return analyse(self.module, dims, size)[0]
+        walk = self._cone(dims)
+        only = batch_only(self.module, dims, walk, self.parameterless)
+        return analyse(self.module, dims, size, only, (walk, unsplit))[0]
+
+    def _unsplit_classes(self, size: int) -> dict | None:
+        """The classes with nothing split, at batch size `size`; None where one is not
+        independent of the batch (a cone alone would not be exact)."""
+        if size not in self._unsplit:
+            cls = Dataflow(self.module, {}, size).cls
+            self._unsplit[size] = cls if all(all_indep(c) for c in cls.values()) else None
+        return self._unsplit[size]
+
+    def _cone(self, dims: dict[int, int]) -> list[Instruction]:
+        """Entry instructions that depend on a split parameter, in program order."""
+        seen, stack = set(), [self.params[n] for n in dims]
+        while stack:
+            x = stack.pop()
+            if x not in seen:
+                seen.add(x)
+                stack.extend(self.users[x])
+        seen.discard(self.unread_root)
+        return sorted(seen, key=self.position.__getitem__)
+
+
+def _trial(trials: _Trials, dims: dict[int, int], size: int) -> _Trial:
+    df = trials.analyse(dims, size)
+    dots = outputs = 0
+    loss = False
+    for instr, c in df.cls.items():  # what the split reached (the rest is independent)
+        reached = any(leaf.kind in "SP" for leaf in leaves(c))
+        if instr.opcode in CONTRACTIONS and reached:
             dots += 1
-    outputs, loss = 0, False
-    for s in output_sources(module):
-        cl = leaves(df.of(s))
-        if any(leaf.kind in "SP" for leaf in cl):
-            outputs += 1
-        if not s.shape.is_tuple and s.shape.rank == 0 and s.shape.is_float and \
-                cl[0].kind == "P":
+        times = trials.outputs.get(instr, 0)
+        if times and reached:
+            outputs += times
+        if times and not instr.shape.is_tuple and instr.shape.rank == 0 and \
+                instr.shape.is_float and leaves(c)[0].kind == "P":
             loss = True
     return _Trial(dots, outputs, {id(x) for x, _ in df.mixes}, loss)
 
@@ -199,11 +251,12 @@ def detect_batch(module: Module) -> BatchInfo:
         return BatchInfo([], None, "none", evidence,
                          "every parameter is returned as state or is a scalar; no parameter "
                          "can carry the batch")
+    splits = _Trials(module)
     trials: dict[tuple[int, int], _Trial] = {}
     for p in candidates:
         for d, size in enumerate(p.shape.dims):
             if size >= 2:
-                trials[(p.parameter_number, d)] = _trial(module, {p.parameter_number: d}, size)
+                trials[(p.parameter_number, d)] = _trial(splits, {p.parameter_number: d}, size)
     params = {p.parameter_number: p for p in candidates}
     plausible = {k: t for k, t in trials.items() if t.plausible}
     if not plausible:
@@ -236,7 +289,7 @@ def detect_batch(module: Module) -> BatchInfo:
         number, dim = k
         if number in chosen or params[number].shape.dims[dim] != size:
             continue
-        trial = _trial(module, {**chosen, number: dim}, size)
+        trial = _trial(splits, {**chosen, number: dim}, size)
         if trial.mixes <= current.mixes and trial.dots >= current.dots:
             chosen[number] = dim
             current = trial

@@ -66,10 +66,12 @@ class Dataflow(OpRules):
     `batch_dims` maps entry parameter numbers to their batch dim; `batch_size` is N.
     `prologue` lists entry instructions whose value is computed once for the whole batch
     before the microbatches (batch-only statistics): they count as independent of the batch.
+    `scope` (entry instructions to walk, in order; the classes of the others) walks only what
+    a split can change (alpac.analysis.step.batch tries many splits of one module).
     """
 
     def __init__(self, module: Module, batch_dims: dict[int, int], batch_size: int,
-                 prologue=()):
+                 prologue=(), scope: tuple[list[Instruction], dict] | None = None):
         self.module = module
         self.batch_dims = dict(batch_dims)
         self.N = batch_size
@@ -104,12 +106,15 @@ class Dataflow(OpRules):
             self._rules.setdefault(op, self._elementwise)
         for op in _PASS_THROUGH:
             self._rules[op] = self._pass_through
-        self._computation(module.entry, None)
+        walk, self._unwalked = scope if scope is not None else (None, {})
+        self._computation(module.entry, None, walk)
 
     # ---- results ---------------------------------------------------------------------------
     def of(self, instr: Instruction):
         """The class of an instruction (INDEP for instructions never reached)."""
         c = self.cls.get(instr)
+        if c is None:
+            c = self._unwalked.get(instr)
         return c if c is not None else like_shape(instr.shape, INDEP)
 
     def touched(self, instr: Instruction) -> bool:
@@ -124,10 +129,11 @@ class Dataflow(OpRules):
         return instr
 
     # ---- the walk ----------------------------------------------------------------------------
-    def _computation(self, comp: Computation, param_classes: list | None):
+    def _computation(self, comp: Computation, param_classes: list | None, walk=None):
         cls = self.cls
+        unwalked = self._unwalked
         rules = self._rules
-        for x in comp.instructions:
+        for x in comp.instructions if walk is None else walk:
             op = x.opcode
             if op == "parameter":
                 if param_classes is None:
@@ -142,7 +148,8 @@ class Dataflow(OpRules):
             if param_classes is None and x in self.prologue:
                 cls[x] = like_shape(x.shape, INDEP)
                 continue
-            ocs = [cls.get(o) or like_shape(o.shape, INDEP) for o in x.operands]
+            ocs = [cls.get(o) or unwalked.get(o) or like_shape(o.shape, INDEP)
+                   for o in x.operands]
             if op != "constant" and all(c is INDEP or c.__class__ is tuple and _plain(c)
                                         for c in ocs):
                 cls[x] = INDEP if not x.shape.is_tuple else like_shape(x.shape, INDEP)
@@ -437,30 +444,35 @@ class Dataflow(OpRules):
         return out if out is not None else like_shape(x.shape, INDEP)
 
 
-def batch_only(module: Module, batch_dims: dict[int, int]) -> set[Instruction]:
+def batch_only(module: Module, batch_dims: dict[int, int],
+               walk: list[Instruction] | None = None,
+               unwalked: set[Instruction] = frozenset()) -> set[Instruction]:
     """Entry instructions that depend on no parameter other than the batch inputs (nor on
-    anything with side effects): values the whole batch alone determines."""
+    anything with side effects): values the whole batch alone determines. With `walk` (entry
+    instructions in order), those of them only, given the `unwalked` others that are."""
     out: set[Instruction] = set()
-    for x in module.entry.instructions:
+    for x in module.entry.instructions if walk is None else walk:
         if x.opcode == "parameter":
             if x.parameter_number in batch_dims:
                 out.add(x)
-        elif all(o in out for o in x.operands) and x.opcode not in (
+        elif all(o in out or o in unwalked for o in x.operands) and x.opcode not in (
                 "infeed", "recv", "rng", "rng-get-and-update-state"):
             out.add(x)
     return out
 
 
 def analyse(module: Module, batch_dims: dict[int, int], batch_size: int,
-            only: set[Instruction] | None = None) -> tuple[Dataflow, list[Instruction]]:
+            only: set[Instruction] | None = None, scope=None
+            ) -> tuple[Dataflow, list[Instruction]]:
     """The dataflow with batch-only statistics moved to a prologue: every PSUM/FULL value
     that a per-example computation needs and that depends on the batch inputs alone is
     computed once for the whole batch first, and then counts as independent of the batch.
-    Returns the final dataflow and those prologue values (in instruction order)."""
+    Returns the final dataflow and those prologue values (in instruction order). `scope`:
+    the walk and the other classes of one trial split (`Dataflow`), which `only` covers."""
     only = batch_only(module, batch_dims) if only is None else only
     pre: set[Instruction] = set()
     for _ in range(16):
-        df = Dataflow(module, batch_dims, batch_size, pre)
+        df = Dataflow(module, batch_dims, batch_size, pre, scope)
         new = set()
         for u, i in df.full_uses + df.scale_uses:
             v = u.operands[i]
@@ -474,4 +486,5 @@ def analyse(module: Module, batch_dims: dict[int, int], batch_size: int,
         if new <= pre:
             break
         pre |= new
-    return df, [x for x in module.entry.instructions if x in pre]
+    order = module.entry.instructions if scope is None else scope[0]
+    return df, [x for x in order if x in pre]

@@ -385,7 +385,7 @@ class StepSplit:
             "loss": [x.name for x in self.loss],
             "forward_instructions": len(self.forward),
             "backward_instructions": len(self.backward),
-            "outputs": [self._output_role(x) for x in self.outputs],
+            "outputs": self._output_roles(),
         }
         if self.flow is not None:
             out["assumptions"] = [f"%{x.name}: {why}" for x, why in self.flow.assumed]
@@ -393,14 +393,14 @@ class StepSplit:
             out["layers"] = self.layer_table(forward_layer)
         return out
 
-    def _output_role(self, x: Instruction) -> str:
-        if x in self.accumulated:
-            return "accumulated"
-        if any(x is y for y, _ in self.concatenated):
-            return "concatenated"
-        if x.opcode == "parameter":
-            return "parameter"
-        return "once-per-step"
+    def _output_roles(self) -> list[str]:
+        """Per output, where its value comes from (looked up in sets: a step may have as many
+        outputs as accumulated values)."""
+        accumulated = set(self.accumulated)
+        concatenated = {x for x, _ in self.concatenated}
+        return ["accumulated" if x in accumulated else "concatenated" if x in concatenated
+                else "parameter" if x.opcode == "parameter" else "once-per-step"
+                for x in self.outputs]
 
     def layer_table(self, forward_layer: dict[Instruction, int]) -> list[dict]:
         """Per layer: forward and backward instruction counts and FLOPs."""

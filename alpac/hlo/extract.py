@@ -7,7 +7,7 @@ extracted module never touches another.
 
 from __future__ import annotations
 
-from alpac.hlo.ir import Computation, ComputationRefs, Instruction, Module
+from alpac.hlo.ir import Computation, ComputationRefs, Instruction, Module, UniqueNames
 from alpac.hlo.shape import Shape
 
 
@@ -29,8 +29,10 @@ def extract(name: str, members: list[Instruction], outputs: list[Instruction],
                 params.append(op)
     comp = Computation(name, is_entry=True)
     mapping: dict[int, Instruction] = {}
+    # a member may already be called `x.in` (a module extracted before, a split accumulator)
+    names = UniqueNames(i.name for i in members)
     for k, outside in enumerate(params):
-        p = Instruction(f"{outside.name}.in", "parameter", outside.shape, (),
+        p = Instruction(names.fresh(f"{outside.name}.in"), "parameter", outside.shape, (),
                         {"sharding": outside.attrs["sharding"]}
                         if keep_attrs and "sharding" in outside.attrs else {}, str(k))
         mapping[id(outside)] = comp.append(p)
@@ -47,7 +49,7 @@ def extract(name: str, members: list[Instruction], outputs: list[Instruction],
             instr.name, instr.opcode, instr.shape, [mapping[id(o)] for o in instr.operands],
             attrs, instr.payload, instr.line))
     outs = [mapping[id(o)] for o in outputs]
-    root = comp.append(Instruction(f"{name}.outputs", "tuple",
+    root = comp.append(Instruction(names.fresh(f"{name}.outputs"), "tuple",
                                    Shape.tuple_of(o.shape for o in outs), outs))
     if keep_attrs and all("sharding" in o.attrs for o in outs):
         root.attrs["sharding"] = "{" + ", ".join(_leaf_texts(o) for o in outs) + "}"

@@ -292,6 +292,7 @@ def _split_accumulations(graph: StepGraph, placed: dict[str, int]) -> None:
     per step by the update, instead of moving a contribution every microbatch."""
     entry = graph.module.entry
     users = entry.users()
+    names = UniqueNames(i.name for i in entry.instructions)
     for acc in list(entry.instructions):
         if acc.name not in graph.accumulators or acc.opcode != "add":
             continue
@@ -303,13 +304,13 @@ def _split_accumulations(graph: StepGraph, placed: dict[str, int]) -> None:
                 placed[a.name] == placed[b.name]:
             continue
         value = graph.accumulators[acc.name]
-        second_in = Instruction(f"{acc_in.name}.part", "parameter", acc.shape, (), {},
-                                str(len(entry.parameters)))
+        second_in = Instruction(names.fresh(f"{acc_in.name}.part"), "parameter", acc.shape,
+                                (), {}, str(len(entry.parameters)))
         entry.instructions.insert(0, second_in)
         second_in.parent = entry
         graph.param_values[second_in.name] = (f"{value}.part", "step", None)
-        second = Instruction(f"{acc.name}.part", "add", acc.shape, [second_in, b])
-        total = Instruction(f"{acc.name}.total", "add", acc.shape, [acc, second])
+        second = Instruction(names.fresh(f"{acc.name}.part"), "add", acc.shape, [second_in, b])
+        total = Instruction(names.fresh(f"{acc.name}.total"), "add", acc.shape, [acc, second])
         position = entry.instructions.index(acc)
         entry.instructions[position + 1:position + 1] = [second, total]
         second.parent = total.parent = entry

@@ -202,10 +202,9 @@ def compile(model: Path, cluster_path: Path | None, out_dir: Path, passes_spec: 
                                   memory_budget=budget, on_progress=on_progress)
     console = Console(highlight=False)
     console.print(f"plan written to {path} ({len(ctx.ran)} passes)")
-    from alpac.plan.io import load_plan
-    from alpac.plan.notes import notes_of
-    for note in notes_of(load_plan(path)[0]):
-        err_console.print(f"alpac: note: {note}", markup=False, soft_wrap=True)
+    from alpac.driver import compile_notes
+    for note in compile_notes(ctx):  # as written into plan.json, not read back from it
+        err_console.print(f"alpac: note: {note['text']}", markup=False, soft_wrap=True)
     if timings:
         from rich.table import Table
         table = Table(title="time per pass", show_edge=False)

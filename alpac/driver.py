@@ -96,7 +96,7 @@ def compile_model(model_path: str | Path, cluster, pipeline: list[Pass], out_dir
                    "module": ctx.module.name if ctx.module else None},
         "cluster": cluster.to_dict(),
         **ctx.plan_entries(),
-        "notes": _notes(ctx),
+        "notes": compile_notes(ctx),
     }
     emitted = ctx.results.get(EmittedPlan)
     files = emitted.files if emitted else {}
@@ -104,7 +104,8 @@ def compile_model(model_path: str | Path, cluster, pipeline: list[Pass], out_dir
     return ctx, write_plan_dir(out_dir, plan, files, stats)
 
 
-def _notes(ctx: CompileContext) -> list[dict]:
+def compile_notes(ctx: CompileContext) -> list[dict]:
+    """plan.json's `notes` (alpac.plan.notes) of a compile whose passes have run."""
     if ctx.module is None:
         return []
     split = ctx.results.get(StepSplit)

@@ -335,9 +335,10 @@ def _supervise(cmd, env, status: Path, n: int, debug: bool, prog: str,
     job = _watch(proc, out, deaths, stop)
     for t in readers:
         t.join(timeout=5)
-    if proc.returncode != 0:  # ranks that were killed left MPICH's shared memory behind
-        reap(job, _END_GRACE)
-        remove_abandoned_segments(segments_before)
+    # ranks that were killed left MPICH's shared memory behind; mpiexec may still exit 0
+    # (as on Ctrl-C to the whole process group), so its exit code does not tell
+    reap(job, _END_GRACE)
+    remove_abandoned_segments(segments_before)
     if stop.received:
         out.failed = True
         out.release(final=True)

@@ -287,7 +287,10 @@ def _recorded_spec(plan: dict) -> str:
     recorded = plan["compiler"]["passes"]
     if any(p["name"] not in registry for p in recorded):
         return ",".join(p["name"] for p in recorded)  # made with a plug-in not installed here
-    return pipeline_spec([registry[p["name"]](**p["options"]) for p in recorded])
+    try:
+        return pipeline_spec([registry[p["name"]](**p.get("options", {})) for p in recorded])
+    except (TypeError, ValueError, UserError):  # options these passes no longer take
+        return ",".join(p["name"] for p in recorded)
 
 
 @main.command()

@@ -18,22 +18,15 @@ import sys
 import time
 from pathlib import Path
 
+from alpac.procs import die_with_parent
 from alpac.runtime.status import STATUS_ENV, write_json
 
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 
 
-def _die_with_parent() -> None:
-    try:
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def main(argv: list[str]) -> int:
     child = subprocess.Popen([sys.executable, "-m", *argv], close_fds=False,
-                             preexec_fn=_die_with_parent)
+                             preexec_fn=die_with_parent)
     for sig in _FORWARDED:
         signal.signal(sig, lambda s, _frame: child.send_signal(s))
     code = child.wait()

@@ -14,6 +14,8 @@ import signal
 import time
 from pathlib import Path
 
+from alpac.procs import started as _started
+
 SHM = Path("/dev/shm")
 SEGMENT_PREFIX = "mpich_shm_"
 
@@ -59,15 +61,6 @@ def _ended(processes: dict[int, str], timeout: float) -> bool:
 
 def _running(processes: dict[int, str]) -> list[int]:
     return [p for p, t in processes.items() if _started(p) == t]
-
-
-def _started(pid: int) -> str | None:
-    """The start time of process `pid`; None when it has ended (or is a zombie)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return None if fields[0] in ("Z", "X") else fields[19]
 
 
 def descendants(root: int) -> list[int]:

@@ -5,7 +5,9 @@ exit 1 or an uncaught exception.
 
 Before the shape check at load (alpac/hlo/shapecheck.py), 72 of these 600 cases ended in exit 1
 (a pass failing on a malformed module: IndexError, KeyError, AttributeError, invalid IR); none
-do now. `python tests/test_fuzz.py [N]` runs the cases outside pytest and prints a summary.
+do now. `python tests/test_fuzz.py [N]` runs the cases outside pytest and prints a summary;
+`python tests/test_fuzz_inputs.py` runs them with the fuzzing of plans and cluster files and
+writes benchmarks/results/fuzz.md.
 """
 
 from __future__ import annotations

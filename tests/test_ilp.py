@@ -120,3 +120,75 @@ def test_smallest_peak_counts_the_largest_temporary():
     with pytest.raises(Infeasible) as info:
         solve(g)
     assert info.value.min_peak == pytest.approx(5 + 40 + 25)
+
+
+def _costs(rng, shape, low: float, high: float) -> np.ndarray:
+    return 10.0 ** rng.uniform(low, high, size=shape)
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_ilp_with_costs_from_1e_12_to_1e25_seconds_equals_brute_force(seed):
+    """Costs past SCIP's infinity (1e20, in the ILP's microseconds) beside costs of a
+    picosecond, as a huge model on a slow cluster gives (they were "SCIP: read error!"):
+    spread over the whole range; every strategy but one per node huge (the optimum is then
+    all small, and the huge ones must not hide the differences between the small ones); all
+    small (past the other end); all huge. With and without budgets and ties."""
+    rng = np.random.default_rng(300 + seed)
+    g = random_graph(rng, int(rng.integers(3, 10)), budget_fraction=[None, 0.5][seed % 2],
+                     with_ties=seed % 4 == 1)
+    kind = seed % 4
+    if kind == 0:
+        g.node_costs = [_costs(rng, c.shape, -12, 25) for c in g.node_costs]
+        g.edges = {k: _costs(rng, m.shape, -12, 25) for k, m in g.edges.items()}
+    elif kind == 1:
+        for c in g.node_costs:
+            c[:] = _costs(rng, c.shape, 15, 25)
+            c[0] = _costs(rng, (), -12, -10)
+        for m in g.edges.values():
+            m[:] = _costs(rng, m.shape, 15, 25)
+            m[0, 0] = _costs(rng, (), -12, -10)
+    else:
+        low, high = (-12, -10) if kind == 2 else (18, 25)
+        g.node_costs = [_costs(rng, c.shape, low, high) for c in g.node_costs]
+        g.edges = {k: _costs(rng, m.shape, low, high) for k, m in g.edges.items()}
+    assert_solves_as_brute_force(g)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_ilp_tells_picoseconds_apart_beside_reshardings_of_1e25_seconds(seed):
+    """Every pair of 5 nodes adjacent (nothing reduces), each node's 3 strategies a few
+    picoseconds, every resharding (a pair of different strategies) 1e19 to 1e25 s: the
+    optimum is one strategy for all, and which one only the picoseconds tell. Scaling alone
+    would put them below SCIP's epsilon; the huge costs, in no optimal solution, are cut
+    first."""
+    rng = np.random.default_rng(400 + seed)
+    g = StrategyGraph()
+    for _ in range(5):
+        g.add_node(_costs(rng, 3, -12, -10))
+    for v in range(5):
+        for u in range(v):
+            m = _costs(rng, (3, 3), 19, 25)
+            np.fill_diagonal(m, _costs(rng, 3, -12, -10))
+            g.add_edge(u, v, m)
+    assert reduce_graph(g).graph.size["nodes"] == 5
+    assert_solves_as_brute_force(g)
+
+
+def test_ilp_objective_of_real_costs_is_in_microseconds_as_it_was():
+    from alpac.intraop.ilp import TIME_SCALE, _scaled
+    g = StrategyGraph()
+    g.add_node([0.0, 1e-3])
+    terms = [(2.5e-6, "a"), (1e-3, "b"), (7e-9, "c")]
+    assert _scaled(terms, g, [0]) == [(c * TIME_SCALE, x) for c, x in terms]
+
+
+@pytest.mark.parametrize("bad", [np.inf, np.nan])
+def test_a_cost_that_is_not_finite_is_refused_in_one_line(bad):
+    from alpac.errors import UserError
+    g = StrategyGraph()
+    a = g.add_node([0.0, 1.0])
+    b = g.add_node([1.0, 2.0])
+    g.add_edge(a, b, [[0.0, bad], [1.0, 0.0]])
+    with pytest.raises(UserError, match=f"priced at {bad} seconds") as info:
+        solve(g)
+    assert "\n" not in str(info.value)

@@ -14,7 +14,7 @@ SOURCES = {"alpac": ROOT / "alpac", "alpac.passes": ROOT / "passes",
 
 # bottom to top; a module belongs to the longest prefix that names it
 LAYERS = [
-    ("alpac.errors", "alpac.units", "alpac.hlo"),  # the IR
+    ("alpac.errors", "alpac.units", "alpac.procs", "alpac.hlo"),  # the IR; processes
     ("alpac.xla",),  # the XLA bridge and loaders
     ("alpac.plan",),  # what a plan is: cluster, meshes, shardings, program, schedule, files
     ("alpac.analysis",),  # costs, batch dimensions, the step split
@@ -24,8 +24,8 @@ LAYERS = [
     ("alpac.driver", "alpac.inspect", "alpac.cli"),  # the recipe and the command line
     ("alpac.runtime",),
 ]
-RUNTIME_MAY_IMPORT = ("alpac.errors", "alpac.units", "alpac.hlo", "alpac.xla", "alpac.plan",
-                      "alpac.runtime")
+RUNTIME_MAY_IMPORT = ("alpac.errors", "alpac.units", "alpac.procs", "alpac.hlo", "alpac.xla",
+                      "alpac.plan", "alpac.runtime")
 
 
 def layer_of(module: str) -> int:

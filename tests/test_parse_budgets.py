@@ -8,6 +8,7 @@ alpac/plan/cluster.py and calibration.py (cluster files) and alpac/plan/io.py (p
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -144,6 +145,36 @@ def test_inspect_refuses_stablehlo_nested_past_xla_s_stack(tmp_path):
     model.write_text(f"module {{\n  func.func public @main(%arg0: {deep}) -> {deep} {{\n"
                      f"    return %arg0 : {deep}\n  }}\n}}\n")
     _assert_refused(_alpac("inspect", model), "nested more than 256 brackets deep", model)
+
+
+@pytest.mark.parametrize("suffix", [".hlo", ".pb", ".mlir"])
+@pytest.mark.parametrize("command", ["inspect", "compile"])
+def test_a_model_file_over_its_size_bound_is_refused_unread(command, suffix, tmp_path):
+    """Sparse: 5 GiB on no disk, and refused by its size, so not read either."""
+    model = tmp_path / f"huge{suffix}"
+    with open(model, "wb") as f:
+        f.truncate(5 << 30)
+    args = ("-o", tmp_path / "plan") if command == "compile" else ()
+    r = _alpac(command, model, *args)
+    _assert_refused(r, "is 5368709120 bytes (5.0 GiB); a model file may be at most 4 GiB",
+                    model)
+
+
+@pytest.mark.parametrize("device", ["/dev/zero", "/dev/urandom"])
+def test_a_device_as_model_file_is_refused(device):
+    _assert_refused(_alpac("inspect", device), "is a character device; expected a model file",
+                    Path(device))
+
+
+def test_a_model_file_at_the_bound_is_read_by_size_only(tmp_path, monkeypatch):
+    from alpac.errors import UserError
+    from alpac.hlo import limits
+    model = tmp_path / "m.hlo"
+    model.write_text(_copy_of("f32[2]"))
+    size = model.stat().st_size
+    assert limits.read_bounded(model, size, "model file") == model.read_bytes()
+    with pytest.raises(UserError, match=f"is {size} bytes"):
+        limits.read_bounded(model, size - 1, "model file")
 
 
 @pytest.mark.parametrize("text", [_tuple_chain(64), _while_chain(63)],
@@ -345,6 +376,22 @@ def test_explain_against_refuses_a_deep_report(mlp_plan, tmp_path):
     report.write_text("{\"a\": " * DEEP + "1" + "}" * DEEP)
     _assert_refused(_alpac("explain", mlp_plan, "--against", report),
                     "the report nests deeper than 64 levels", report)
+
+
+def test_explain_against_refuses_a_report_over_its_size_bound(mlp_plan, tmp_path):
+    report = tmp_path / "report.json"
+    with open(report, "wb") as f:
+        f.truncate(1 << 30)  # sparse
+    _assert_refused(_alpac("explain", mlp_plan, "--against", report),
+                    "is 1073741824 bytes (1.0 GiB); a report may be at most 256 MiB", report)
+
+
+def test_explain_against_refuses_a_device_and_reads_a_fifo_without_writer(mlp_plan, tmp_path):
+    _assert_refused(_alpac("explain", mlp_plan, "--against", "/dev/zero"),
+                    "is a character device; expected a report", Path("/dev/zero"))
+    fifo = tmp_path / "report.json"
+    os.mkfifo(fifo)
+    assert _alpac("explain", mlp_plan, "--against", fifo).returncode == 2  # empty, no hang
 
 
 def test_a_deep_stats_file_is_left_out(mlp_plan, tmp_path):

@@ -40,6 +40,7 @@ from alpac.intraop.rules import both, keep_to
 from alpac.plan.mesh import LogicalMesh
 from alpac.plan.program import Role
 from alpac.plan.schedule import microbatches_in_flight
+from alpac.procs import die_with
 
 
 class LayerTask(NamedTuple):
@@ -251,7 +252,8 @@ def _solve_task(k: int):
 
 def solve_all(tasks: list[LayerTask], jobs: int | None, on_solved=None) -> list:
     """layer_cost of every task, on `jobs` processes (forked: the tasks, closures included,
-    are inherited, not pickled); `on_solved()` after each."""
+    are inherited, not pickled); `on_solved()` after each. The workers die with this
+    process, however it ends (SIGKILL included: a parent-death signal)."""
     global _TASKS
     jobs = jobs or os.cpu_count() or 1
     if jobs <= 1 or len(tasks) <= 1:
@@ -268,7 +270,8 @@ def solve_all(tasks: list[LayerTask], jobs: int | None, on_solved=None) -> list:
                    * 4 ** sum(1 for n in tasks[k].mesh.shape if n > 1))
     out = [None] * len(tasks)
     try:
-        with ProcessPoolExecutor(jobs, mp_context=get_context("fork")) as pool:
+        with ProcessPoolExecutor(jobs, mp_context=get_context("fork"), initializer=die_with,
+                                 initargs=(os.getpid(),)) as pool:
             for k, result in zip(order, pool.map(_solve_task, order)):
                 out[k] = result
                 if on_solved:

@@ -9,6 +9,13 @@ greedy, locally improved warm start.
                (a point may add the largest of several such sums: a variable above each of
                them)
                s_u[i] ≤ Σ_{j: allowed[i,j]} s_v[j] and the mirror, for every tie
+
+SCIP reads coefficients near 1 best and takes 1e20 for infinity: the objective is in
+microseconds, unless its largest coefficient is outside what real ILPs have (a huge model on
+a slow cluster, or a tiny one on a fast cluster), where it is scaled to about 1e6, its
+coefficients above twice the warm start's objective (in no optimal solution) first cut to that
+(`_scaled`); a memory coefficient above 1e6 budgets (a strategy that fits nowhere) is cut to
+that. A cost that is not finite is refused in one line.
 """
 
 from __future__ import annotations
@@ -17,10 +24,17 @@ import time
 
 import numpy as np
 
+from alpac.errors import UserError
 from alpac.intraop.problem import Infeasible, Solution, StrategyGraph, Terms, terms_sum
 from alpac.intraop.reduce import reduce_graph
 
 TIME_SCALE = 1e6  # the ILP works in microseconds: SCIP's tolerances suit numbers near 1
+# the largest objective coefficient of real ILPs, in microseconds, kept as it is (the same
+# objective, so the same solutions, as before bounds were needed); outside, `_scaled`
+OBJECTIVE_RANGE = (1e-3, 1e9)
+OBJECTIVE_LARGEST = 1e6  # where `_scaled` puts the largest coefficient outside that range
+MEMORY_COEFFICIENT_MAX = 1e6  # in budgets: any above 1 already fits nowhere
+
 
 def greedy(graph: StrategyGraph) -> list[int]:
     """Each node in order takes the strategy cheapest given the nodes already chosen: the warm
@@ -75,6 +89,7 @@ def solve(graph: StrategyGraph, *, time_limit: float = 60.0, gap_limit: float = 
           seed: int = 0) -> Solution:
     """Reduce, then solve with SCIP; the same input gives the same solution."""
     start = time.perf_counter()
+    _check_finite(graph)
     reduced = reduce_graph(graph)
     choice, status, gap = _solve_scip(reduced.graph, time_limit, gap_limit, seed)
     if choice is None:
@@ -135,13 +150,13 @@ def _solve_scip(g: StrategyGraph, time_limit: float, gap_limit: float, seed: int
         for j in range(allowed.shape[1]):
             lp.row([(1.0, s[v][j])] + [(-1.0, s[u][i]) for i in np.flatnonzero(allowed[:, j])],
                    "<=", 0.0)
-    objective = [(float(c[i]) * TIME_SCALE, s[v][i]) for v, c in enumerate(g.node_costs)
+    objective = [(float(c[i]), s[v][i]) for v, c in enumerate(g.node_costs)  # seconds
                  for i in range(len(c)) if c[i] != 0]
     edge_vars = []  # (u, v, strategy -> row group, strategy -> column group, variables)
     for (u, v), m in sorted(g.edges.items()):
         low = float(m.min())  # shifting a matrix by a constant does not change the argmin
         if low:
-            objective.extend((low * TIME_SCALE, x) for x in s[u])
+            objective.extend((low, x) for x in s[u])
         # strategies with identical rows (columns) cost the same against every partner:
         # one edge variable per pair of groups keeps the marginals exact and the LP small
         rows, row_of = np.unique(m, axis=0, return_inverse=True)
@@ -156,7 +171,7 @@ def _solve_scip(g: StrategyGraph, time_limit: float, gap_limit: float, seed: int
         for c in range(n_cols):
             lp.row([(1.0, e[r][c]) for r in range(n_rows)] +
                    [(-1.0, s[v][j]) for j in np.flatnonzero(col_of == c)], "=", 0.0)
-        objective.extend(((float(cols[r, c]) - low) * TIME_SCALE, e[r][c])
+        objective.extend((float(cols[r, c]) - low, e[r][c])
                          for r in range(n_rows) for c in range(n_cols) if cols[r, c] > low)
     tops = []  # (variable, its memory point)
     if g.budget is not None:
@@ -170,15 +185,15 @@ def _solve_scip(g: StrategyGraph, time_limit: float, gap_limit: float, seed: int
                 tops.append((top, p))
                 for c, terms in p.largest:
                     lp.row(_memory_row(terms, s, g.budget) + [(-1.0, top)], "<=",
-                           -c / g.budget)
+                           max(-c / g.budget, -MEMORY_COEFFICIENT_MAX))
                 row.append((1.0, top))
             if row:
                 lp.row(row, "<=", room)
     model = _new_model("alpac-sharding", time_limit, seed)
     model.setParam("limits/gap", gap_limit)
-    lp.load(model, objective)
-    by_name = {x.name: x for x in model.getVars()}
     warm = greedy(g)
+    lp.load(model, _scaled(objective, g, warm if g.feasible(warm) else None))
+    by_name = {x.name: x for x in model.getVars()}
     if g.feasible(warm):  # a complete solution (edge variables too): SCIP need not finish it
         sol = model.createSol()
         for v, i in enumerate(warm):
@@ -205,7 +220,45 @@ def _solve_scip(g: StrategyGraph, time_limit: float, gap_limit: float, seed: int
 
 
 def _memory_row(terms: Terms, s, budget: float) -> list:
-    return [(float(m[i]) / budget, s[v][i]) for v, m in terms for i in range(len(m)) if m[i] > 0]
+    return [(min(float(m[i]) / budget, MEMORY_COEFFICIENT_MAX), s[v][i])
+            for v, m in terms for i in range(len(m)) if m[i] > 0]
+
+
+def _scaled(objective: list, g: StrategyGraph, warm: list[int] | None) -> list:
+    """The objective's (seconds, variable) terms as the ILP's coefficients: microseconds where
+    the largest is in OBJECTIVE_RANGE (every real ILP), else scaled so that the largest is
+    OBJECTIVE_LARGEST, once every coefficient above twice the objective of `warm` (a feasible
+    solution, or None) is cut to that: none of them is in an optimal solution, before or after
+    (the coefficients are not negative), and the cut keeps them within SCIP's infinity and
+    the others apart."""
+    largest = max((abs(c) for c, _ in objective), default=0.0)
+    low, high = OBJECTIVE_RANGE
+    if largest == 0 or low <= largest * TIME_SCALE <= high:
+        return [(c * TIME_SCALE, x) for c, x in objective]
+    if warm is not None and all(c >= 0 for c, _ in objective):
+        bound = sum(float(c[warm[v]]) for v, c in enumerate(g.node_costs)) + sum(
+            float(m[warm[u], warm[v]]) for (u, v), m in g.edges.items())
+        cap = 2 * bound if bound > 0 else min(c for c, _ in objective if c > 0)
+        objective = [(min(c, cap), x) for c, x in objective]
+        largest = max(c for c, _ in objective)
+    factor = OBJECTIVE_LARGEST / largest
+    return [(c * factor, x) for c, x in objective]
+
+
+def _check_finite(g: StrategyGraph) -> None:
+    """UserError, in one line, where a cost or a memory figure is not a finite number (figures
+    past float's range, or inf - inf): the ILP could not be written."""
+    arrays = [("seconds", c) for c in g.node_costs] + [("seconds", m) for m in g.edges.values()]
+    kept = {id(m): m for p in g.memory_points for terms in p.term_lists() for _, m in terms}
+    arrays += [("bytes", m) for m in kept.values()]  # points share their nodes' arrays
+    arrays.append(("bytes", np.array([p.base for p in g.memory_points]
+                                     + [c for p in g.memory_points for c, _ in p.largest])))
+    for unit, a in arrays:
+        bad = a[~np.isfinite(a)]
+        if bad.size:
+            raise UserError(f"a sharding strategy is priced at {bad[0]} {unit}, which the "
+                            f"sharding ILP cannot solve with; the cluster's figures or the "
+                            f"model's shapes are out of range")
 
 
 class _LpText:

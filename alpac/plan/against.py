@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from alpac.errors import UserError
+from alpac.hlo.limits import REPORT_BYTES_MAX, read_bounded
 from alpac.plan.io import parse_json, plan_identity
 from alpac.plan.trace import (fed_and_freed_seconds, module_estimates, stage_busy_estimate,
                               transfer_seconds)
@@ -36,7 +37,7 @@ class Row:
 def load_report(path: Path, plan: dict) -> dict:
     """The report of a run of this plan (UserError if unreadable or of another plan)."""
     try:
-        text = path.read_text()
+        text = read_bounded(path, REPORT_BYTES_MAX, "report").decode()
     except OSError as e:
         raise UserError(f"cannot read the report: {e.strerror}", path=str(path)) from None
     except UnicodeDecodeError as e:

@@ -8,14 +8,23 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from alpac.plan.io import load_plan, parse_json, read_plan_text
+from alpac.errors import UserError
+from alpac.plan import shape
+from alpac.plan.io import PLAN_FILE, load_plan, parse_json, read_plan_text
 from alpac.plan.program import Role
 from alpac.units import duration, si
 
 
 def load(plan_dir: str | Path) -> dict:
-    """The plan with run-dependent figures (solve times) merged in: the JSON summary."""
+    """The plan with run-dependent figures (solve times) merged in: the JSON summary.
+    UserError naming the key where plan.json lacks what explain reads (`shape.PLAN`);
+    compile-stats.json of another shape is left out, as one that is not JSON."""
     plan, stats = load_plan(plan_dir)
+    if found := shape.plan_problem(plan):
+        raise UserError(f"the plan file is malformed: {found}",
+                        path=str(Path(plan_dir) / PLAN_FILE))
+    if shape.problem(stats, shape.STATS) is not None:  # timings only: a plan reads without
+        stats = {}
     times = {s["index"]: s["ilp_solve_time_s"] for s in stats.get("stages", [])}
     for stage in plan.get("stages", []):
         stage["ilp"]["solve_time_s"] = times.get(stage["index"])
@@ -24,8 +33,11 @@ def load(plan_dir: str | Path) -> dict:
 
 
 def decisions(plan_dir: str | Path, stage: dict) -> list[dict]:
-    return parse_json(read_plan_text(plan_dir, stage["decisions"], "decisions file"),
-                      Path(plan_dir) / stage["decisions"], "stage's decisions file")
+    path = Path(plan_dir) / stage["decisions"]
+    rows = parse_json(read_plan_text(plan_dir, stage["decisions"], "decisions file"), path,
+                      "stage's decisions file")
+    shape.check(rows, shape.DECISIONS, path, "stage's decisions file")
+    return rows
 
 
 def render(plan: dict, plan_dir: Path, console: Console, pattern: str | None,

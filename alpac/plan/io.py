@@ -3,7 +3,9 @@
 
 A plan directory is written atomically: everything goes into a sibling temporary directory
 that replaces the target in one rename, so a reader sees the old plan or the new one, never a
-mix, and a failed compile leaves the old plan untouched. Every other file alpac and alpa-run
+mix, and a failed compile leaves the old plan untouched. The temporary directories are named
+after the process that made them, so that the next compile to the same target removes those
+of a killed compile (`_remove_leftovers`). Every other file alpac and alpa-run
 write (outputs, reports, traces, cluster files) replaces its target the same way, one file at
 a time (`replacing`).
 
@@ -18,7 +20,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
+import socket
 import stat
 import tempfile
 from contextlib import contextmanager
@@ -28,6 +32,7 @@ from typing import BinaryIO, Iterator
 from alpac import __version__
 from alpac.errors import UserError
 from alpac.hlo.limits import too_deep_at
+from alpac.procs import started
 
 SCHEMA = "alpac.plan/1"
 PLAN_FILE = "plan.json"
@@ -57,6 +62,7 @@ def dumps(obj) -> str:
 def write_plan_dir(out_dir: str | Path, plan: dict, artifacts: dict[str, str],
                    stats: dict | None = None) -> Path:
     out = Path(out_dir).resolve()
+    _remove_leftovers(out)
     if out.exists() and not out.is_dir():
         raise UserError("exists and is not a directory; expected a plan directory",
                         path=str(out_dir))
@@ -64,7 +70,7 @@ def write_plan_dir(out_dir: str | Path, plan: dict, artifacts: dict[str, str],
         raise UserError("is a non-empty directory that holds no plan; refusing to replace it",
                         path=str(out_dir))
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{_creator()}-", dir=out.parent))
     try:
         files = {**artifacts, PLAN_FILE: dumps({"schema": SCHEMA, **plan})}
         if stats is not None:
@@ -77,7 +83,7 @@ def write_plan_dir(out_dir: str | Path, plan: dict, artifacts: dict[str, str],
                 _sync_file(f)
         old = None
         if out.exists():
-            old = out.parent / f".{out.name}.old-{os.getpid()}"
+            old = out.parent / f".{out.name}.old-{_creator()}"
             os.rename(out, old)
         os.rename(tmp, out)
         _sync_directory(out.parent)
@@ -87,6 +93,39 @@ def write_plan_dir(out_dir: str | Path, plan: dict, artifacts: dict[str, str],
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def _creator() -> str:
+    """What names this process in the names of its temporary directories: this host, its pid
+    and its start time (which tells it from a later process given the same pid)."""
+    host = hashlib.sha1(socket.gethostname().encode()).hexdigest()[:8]
+    return f"{host}-{os.getpid()}-{started(os.getpid())}"
+
+
+def _remove_leftovers(out: Path) -> None:
+    """Remove what compiles to `out` that were killed left beside it (`.NAME.tmp-CREATOR-*`,
+    a plan half written; `.NAME.old-CREATOR`, the plan it replaced), never what a compile still
+    running on this host has there. A previous plan hidden by a compile killed between its two
+    renames, with nothing at `out` since, is put back in place instead."""
+    pattern = re.compile(re.escape(f".{out.name}.")
+                         + r"(tmp|old)-([0-9a-f]{8})-(\d+)-(\d+)(-.*)?")
+    host = _creator().split("-", 1)[0]
+    try:
+        names = sorted(e.name for e in os.scandir(out.parent))
+    except OSError:
+        return
+    for name in names:
+        m = pattern.fullmatch(name)
+        if m is None or m[2] != host or started(int(m[3])) == m[4]:
+            continue  # not a leftover, another host's, or its compile is running
+        path = out.parent / name
+        if m[1] == "old" and not os.path.lexists(out):
+            try:
+                os.rename(path, out)
+                continue
+            except OSError:
+                pass
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @contextmanager

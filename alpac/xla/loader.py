@@ -11,7 +11,7 @@ from pathlib import Path
 
 from alpac.errors import UserError
 from alpac.hlo import Module, parse_hlo
-from alpac.hlo.limits import MLIR_DEPTH_MAX, too_deep_at
+from alpac.hlo.limits import MLIR_DEPTH_MAX, MODEL_BYTES_MAX, read_bounded, too_deep_at
 from alpac.hlo.shapecheck import check_module
 
 TEXT_SUFFIXES = (".hlo", ".txt")
@@ -27,7 +27,10 @@ def read_model_bytes(path: str | Path) -> bytes:
     if p.is_dir():
         raise UserError("is a directory; expected an HLO module file (.hlo, .txt, .pb or .mlir)",
                         path=str(path))
-    data = p.read_bytes()
+    try:
+        data = read_bounded(p, MODEL_BYTES_MAX, "model file")
+    except OSError as e:
+        raise UserError(f"cannot read the model file: {e.strerror or e}", path=str(path)) from None
     if not data.strip():
         raise UserError("empty file; expected an HLO module", path=str(path), line=1, col=1)
     return data

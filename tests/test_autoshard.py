@@ -26,6 +26,7 @@ from alpac.intraop.builder import build_graph
 from alpac.intraop.ilp import solve
 from alpac.intraop.problem import brute_force
 from alpac.intraop.rules import keep_to
+from alpac.intraop.strategies import scatter_strategies
 from alpac.plan.cluster import default_cluster, load_cluster
 from alpac.plan.mesh import LogicalMesh
 from alpac.plan.sharding import Sharding
@@ -116,6 +117,70 @@ def test_a_stateful_rng_is_all_reduced_as_xla_does(mesh):
                  for k, v in result.collective_summary().items()}
     assert predicted == compiled_collectives(exe.compiled_text())
     assert predicted["all-reduce"] == {"count": 1, "bytes": 16 * 4 * 4}
+
+
+def _embedding_step(table_rows: int = 512, batch: int = 65536):
+    """A JAX training step of an embedding table: the lookup's gradient is a scatter-add of
+    the batch's rows into zeros."""
+    import jax
+    import jax.numpy as jnp
+
+    def step(table, w, ids, y):
+        def loss(table, w):
+            return jnp.mean((jnp.tanh(table[ids]) @ w - y) ** 2)
+        gt, gw = jax.grad(loss, argnums=(0, 1))(table, w)
+        return table - 0.1 * gt, w - 0.1 * gw
+
+    spec = [jax.ShapeDtypeStruct((table_rows, 256), jnp.float32),
+            jax.ShapeDtypeStruct((256, 16), jnp.float32),
+            jax.ShapeDtypeStruct((batch,), jnp.int32),
+            jax.ShapeDtypeStruct((batch, 16), jnp.float32)]
+    return jax.jit(step, donate_argnums=(0, 1)).lower(*spec).as_text(dialect="hlo")
+
+
+@pytest.mark.parametrize("mesh", ["8", "2x4"])
+def test_an_embedding_gradient_is_scattered_per_device_and_all_reduced(mesh):
+    """With the batch split, each device scatters its rows into its own zeros and the tables
+    are all-reduced, as XLA partitions it and as data parallelism reduces any weight
+    gradient, rather than every device gathering the whole batch's rows; the result equals
+    one device's."""
+    text = _embedding_step()
+    logical = LogicalMesh.parse(mesh)
+    everything = tuple(a for a, n in enumerate(logical.shape) if n > 1)
+
+    def data_parallel(instr, idx, st):  # the weights replicated, the batch split
+        if instr.opcode != "parameter":
+            return True
+        split = everything if instr.parameter_number >= 2 else ()
+        return st.outputs[0].dim_axes[0] == split and not any(st.outputs[0].dim_axes[1:])
+
+    result = auto_shard(prepared(text), logical, load_cluster(P3), allow=data_parallel)
+    table = next(p for i, p in result.graph.plans.items() if i.opcode == "scatter")
+    chosen = table.strategy(result.solution.choice)
+    assert "b@" in chosen.name and [c.kind for c in chosen.collectives] == ["all-reduce"]
+    assert chosen.inputs[2].dim_axes[0]  # the rows stay split
+    exe = compile_hlo(print_module(result.module), cpu_devices(8))
+    predicted = {k: {"count": v["count"], "bytes": v["bytes"]}
+                 for k, v in result.collective_summary().items()}
+    assert predicted == compiled_collectives(exe.compiled_text())
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal((512, 256)).astype(np.float32),
+            rng.standard_normal((256, 16)).astype(np.float32),
+            rng.integers(0, 512, 65536).astype(np.int32),
+            rng.standard_normal((65536, 16)).astype(np.float32)]
+    reference = run_hlo_single_device(print_module(prepared(text)), args)
+    assert rel_error(exe.run(args), reference) < 1e-5
+
+
+def test_a_scatter_into_values_is_not_split_by_its_rows():
+    """Partial scatters sum to the whole only into zeros: added into a table of ones, each
+    device's copy would add the ones again."""
+    module = prepared(_embedding_step())
+    scatter = next(i for i in module.instructions() if i.opcode == "scatter")
+    assert any("b@" in st.name for st in scatter_strategies(scatter, (8,)))
+    zeros = scatter.operands[0].operands[0]
+    zeros.payload = "1"
+    assert not any("b@" in st.name for st in scatter_strategies(scatter, (8,)))
 
 
 # jax's PRNG as a front end writes it: a function with a loop of rounds, called per draw

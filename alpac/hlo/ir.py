@@ -248,6 +248,18 @@ def _has_side_effect(instr: Instruction, _seen: set[int] | None = None) -> bool:
     return False
 
 
+_ZERO_LITERAL = re.compile(r"[\s{},()0.+\-e]*")
+
+
+def is_zero_constant(instr: Instruction) -> bool:
+    """A numeric constant all of whose elements are zero."""
+    text = (instr.payload or "").strip()
+    if instr.opcode != "constant" or instr.shape.is_tuple or not text or \
+            not instr.shape.is_float and not instr.shape.dtype.startswith(("s", "u")):
+        return False
+    return "0" in text and bool(_ZERO_LITERAL.fullmatch(text))
+
+
 @dataclass
 class Alias:
     """One entry of input_output_alias: output index aliases (parameter, index)."""

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from alpac.hlo.ir import Instruction
 
-PARTIAL_SUMS = ("dot", "convolution", "reduce")  # ops whose split operands give partial sums
+PARTIAL_SUMS = ("dot", "convolution", "reduce", "scatter")  # ops that can give partial sums
 CHAIN = ("convert", "copy")
 
 

@@ -21,7 +21,8 @@ import math
 import re
 from dataclasses import dataclass, replace
 
-from alpac.hlo.ir import Instruction
+from alpac.analysis.step.oprules import reducer_kind
+from alpac.hlo.ir import Instruction, is_zero_constant
 from alpac.hlo.opcodes import BATCH_NORM, CONTROL_FLOW, DEVICE_IDS, DYNAMIC_SHAPES, ELEMENTWISE, \
     ELEMENTWISE_UNARY, GENERATORS, HOST_IO, LIBRARY_CALLS, RANDOM, RESHAPES, SCHEDULED_ASYNC, \
     SIDE_EFFECTING, VIEWS, WINDOW_REDUCTIONS
@@ -357,7 +358,8 @@ def gather_strategies(instr: Instruction, mesh_shape) -> list[Strategy]:
 
 def scatter_strategies(instr: Instruction, mesh_shape) -> list[Strategy]:
     """Split a dimension that every update window covers whole (operand, updates and output
-    together), or replicate."""
+    together), or replicate; a scatter-add into zeros (an embedding's gradient) may also split
+    its updates' rows ("b"): each device scatters its rows, the partial sums are all-reduced."""
     if len(instr.operands) != 3:
         return [replicated_strategy(instr)]
     operand, indices, updates = instr.operands
@@ -365,25 +367,33 @@ def scatter_strategies(instr: Instruction, mesh_shape) -> list[Strategy]:
     inserted = set(instr.dims("inserted_window_dims")) | set(
         instr.dims("input_batching_dims"))
     operand_window = [d for d in range(operand.shape.rank) if d not in inserted]
-    axes = _axes(mesh_shape)
-    choices = [None] + [(od, window[k]) for k, od in enumerate(operand_window)
+    choices = [None] + [("w", od, window[k]) for k, od in enumerate(operand_window)
                         if k < len(window)
                         and updates.shape.dims[window[k]] == operand.shape.dims[od]]
-    out: list[Strategy] = []
+    if reducer_kind(instr.called("to_apply")) == "add" and operand.opcode == "broadcast" \
+            and is_zero_constant(operand.operands[0]):
+        ivd = instr.int_attr("index_vector_dim", indices.shape.rank)
+        choices += list(zip(itertools.repeat("b"), [d for d in range(indices.shape.rank)
+                                                     if d != ivd],
+                            [d for d in range(updates.shape.rank) if d not in window]))
+    axes, out = _axes(mesh_shape), []
     for assign in itertools.product(choices, repeat=len(axes)):
-        oa = [[] for _ in range(operand.shape.rank)]
-        ua = [[] for _ in range(updates.shape.rank)]
+        oa, ia, ua = ([[] for _ in x.shape.dims] for x in (operand, indices, updates))
         for axis, c in zip(axes, assign):
             if c is not None:
-                oa[c[0]].append(axis)
-                ua[c[1]].append(axis)
-        if not (_fits(operand.shape.dims, oa, mesh_shape)
-                and _fits(updates.shape.dims, ua, mesh_shape)):
+                (oa if c[0] == "w" else ia)[c[1]].append(axis)
+                ua[c[2]].append(axis)
+        partial = [axis for axis, c in zip(axes, assign) if c is not None and c[0] == "b"]
+        if not all(_fits(x.shape.dims, a, mesh_shape)
+                   for x, a in ((operand, oa), (indices, ia), (updates, ua))):
             continue
         s = _sharding(oa)
         divisor = _size(mesh_shape, [a for a, c in zip(axes, assign) if c is not None])
-        out.append(Strategy(str(s), (s,), (s, Sharding.replicated(indices.shape.rank),
-                                           _sharding(ua)), divisor))
+        for name, osh, colls in _reduction_variants(
+                str(s) + "".join(f",b@{a}" for a in partial), oa, tuple(operand.shape.dims),
+                partial, operand.shape.element_bits, mesh_shape, scatter=False):
+            out.append(Strategy(name, (osh,), (s, _sharding(ia), _sharding(ua)), divisor,
+                                colls))
     return out
 
 

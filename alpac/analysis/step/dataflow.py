@@ -27,12 +27,11 @@ Besides the classes it records what the microbatch rewrite and the exactness gua
 from __future__ import annotations
 
 import math
-import re
 
 from alpac.analysis.step.lattice import FULL, INDEP, PSUM, ZERO, Cls, all_indep, join, leaves, \
     like_shape, split
 from alpac.analysis.step.oprules import OpRules, reducer_kind
-from alpac.hlo.ir import Computation, Instruction, Module
+from alpac.hlo.ir import Computation, Instruction, Module, is_zero_constant
 from alpac.hlo.opcodes import COPY_PAIR, ELEMENTWISE, PASS_THROUGH, SLICES, VALUE_COPIES, VIEWS
 
 # Ops that are linear in each operand taken alone (unary) — a PSUM stays a PSUM.
@@ -43,17 +42,6 @@ _CHEAP_VIEWS = VIEWS | VALUE_COPIES | {"broadcast"}
 _ZERO_KEEPING = _CHEAP_VIEWS | _LINEAR_UNARY | SLICES | {"reverse"}
 # Ops whose result is their operand: the class passes through.
 _PASS_THROUGH = PASS_THROUGH | COPY_PAIR
-_ZERO_LITERAL = re.compile(r"[\s{},()0.+\-e]*")
-
-
-def _is_zero_constant(instr: Instruction) -> bool:
-    text = (instr.payload or "").strip()
-    if instr.shape.is_tuple or not text or not instr.shape.is_float and \
-            not instr.shape.dtype.startswith(("s", "u")):
-        return False
-    return "0" in text and bool(_ZERO_LITERAL.fullmatch(text))
-
-
 def _plain(c) -> bool:
     """A tuple class whose leaves are all INDEP (not ZERO)."""
     return all(x is INDEP or x.__class__ is tuple and _plain(x) for x in c)
@@ -258,7 +246,7 @@ class Dataflow(OpRules):
 
     # ---- rules -------------------------------------------------------------------------------
     def _constant(self, x, ocs):
-        return ZERO if _is_zero_constant(x) else like_shape(x.shape, INDEP)
+        return ZERO if is_zero_constant(x) else like_shape(x.shape, INDEP)
 
     def _pass_through(self, x, ocs):
         return ocs[0] if ocs else INDEP

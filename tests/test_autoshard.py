@@ -606,3 +606,25 @@ def test_an_accumulated_gradient_is_all_reduced_once_per_step_by_the_update():
     operand = re.search(r"all-reduce\(%?([\w.]+)", reduces[0]).group(1)
     made = next(x for x in lines if re.match(rf"\s*%?{re.escape(operand)} = ", x))
     assert "SPMDFullToShardShape" in made and re.search(r"custom-call\(%?a\)", made)
+
+
+def test_an_accumulator_split_otherwise_is_priced_every_microbatch():
+    """With the accumulator split on its rows, the contraction's all-reduce cannot be left to
+    the update (the sum is not kept whole per device): the ILP's once-per-step price was
+    wrong, so the stage is solved again with it priced every microbatch, and the plan costs
+    no more than one planned without deferral (a reduce-scatter onto the rows each
+    microbatch beats an all-reduce each microbatch)."""
+    module = parse_hlo(ACCUMULATING_STAGE)
+    mesh = LogicalMesh.parse("8")
+    repeats = {"g": 4.0, "a": 4.0}
+
+    def rows_split(instr, idx, st):
+        want = {"x": "S0,R", "dy": "S0,R", "acc": "S0,R", "w": "S0,R"}.get(instr.name)
+        return want is None or str(st.outputs[0]) == want
+
+    kept = auto_shard(module, mesh, load_cluster(P3), allow=rows_split, repeats=repeats,
+                      accumulations={"a": "step"})
+    plain = auto_shard(module, mesh, load_cluster(P3), allow=rows_split, repeats=repeats)
+    assert not kept.deferred
+    assert kept.seconds() <= plain.seconds() * (1 + 1e-9)
+    assert [c.kind for _, c, _ in kept.collectives] == ["reduce-scatter"]

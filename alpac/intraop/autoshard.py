@@ -22,7 +22,7 @@ from alpac.intraop.builder import Hint, ShardingGraph, build_graph, collectives_
     strategy_seconds
 from alpac.intraop.collectives import reshard
 from alpac.intraop.combine import savings
-from alpac.intraop.deferral import Deferral, collective_index, find_deferrals
+from alpac.intraop.deferral import Deferral, collective_index, find_deferrals, undeferred
 from alpac.intraop.ilp import solve
 from alpac.intraop.memory import StageMemory
 from alpac.intraop.problem import Solution
@@ -206,6 +206,32 @@ def auto_shard(module: Module, mesh: LogicalMesh, cluster, *, budget: float | No
     work = module.clone()
     costs = CostTable(work)
     rounds = solve_rounds(mesh, cluster)
+
+    def solved(accumulations, reuse) -> ShardingResult:
+        sg, solution = _solve_rounds(work, mesh, cluster, costs, rounds, budget, time_limit,
+                                     gap_limit, allow, repeats, memory, accumulations, reuse)
+        deferred = find_deferrals(sg, solution.choice, accumulations) if accumulations else []
+        collectives = collectives_of(sg, solution.choice)
+        for d in deferred:  # once per step
+            k = collective_index(collectives, d)
+            collectives[k] = (*collectives[k][:2], 1.0)
+        return ShardingResult(work, sg, solution, collectives, rounds, deferred=deferred)
+
+    result = solved(accumulations, reuse)
+    if failed := undeferred(result.graph, result.deferred, accumulations or {}):
+        # the ILP priced their all-reduces once per step for shardings that cannot keep the
+        # sum local: solved again with those priced every microbatch, the cheaper plan kept
+        retry = solved({a: u for a, u in accumulations.items() if a not in failed}, None)
+        if retry.seconds() < result.seconds():
+            result = retry
+    if annotate:
+        write_shardings(result.graph, result.solution.choice, result.deferred)
+    return result
+
+
+def _solve_rounds(work, mesh, cluster, costs, rounds, budget, time_limit, gap_limit, allow,
+                  repeats, memory, accumulations, reuse):
+    """The sharding graph of the last round and its solution (`auto_shard`)."""
     hint = None
     for k, axes in enumerate(rounds):
         last = k == len(rounds) - 1
@@ -224,11 +250,4 @@ def auto_shard(module: Module, mesh: LogicalMesh, cluster, *, budget: float | No
                              gap_limit=gap_limit)
         if not last:
             hint = Hint.from_solution(sg, solution.choice, axes)
-    deferred = find_deferrals(sg, solution.choice, accumulations) if accumulations else []
-    if annotate:
-        write_shardings(sg, solution.choice, deferred)
-    collectives = collectives_of(sg, solution.choice)
-    for d in deferred:  # once per step
-        k = collective_index(collectives, d)
-        collectives[k] = (*collectives[k][:2], 1.0)
-    return ShardingResult(work, sg, solution, collectives, rounds, deferred=deferred)
+    return sg, solution

@@ -54,6 +54,20 @@ def find_deferrals(sg, choice, accumulations: dict[str, str]) -> list[Deferral]:
     return out
 
 
+def undeferred(sg, deferred: list[Deferral], accumulations: dict[str, str]) -> set[str]:
+    """The accumulations whose contraction the ILP priced once per step (`reduced_once`)
+    that the chosen shardings do not defer."""
+    done = {d.contraction for d in deferred}
+    users = sg.module.entry.users() if accumulations else {}
+    out = set()
+    for accumulate in sg.module.entry.instructions:
+        if accumulate.name in accumulations:
+            traced = _traced(accumulate, users)
+            if traced and traced[0] in sg.reduced_once and traced[0] not in done:
+                out.add(accumulate.name)
+    return out
+
+
 def reduced_once(module, accumulations: dict[str, str], repeats: dict[str, float]
                  ) -> dict[Instruction, float]:
     """The contractions whose all-reduce the ILP prices once per step: those a microbatch

@@ -208,7 +208,7 @@ def _solve_scip(g: StrategyGraph, time_limit: float, gap_limit: float, seed: int
             top_bytes = max(c + terms_sum(t, warm) for c, t in p.largest)
             model.setSolVal(sol, by_name[top], top_bytes / g.budget)
         model.addSol(sol)
-    model.optimize()
+    _optimize(model)
     if model.getNSols() == 0:
         return None, "infeasible", 1.0
     best = model.getBestSol()
@@ -217,6 +217,14 @@ def _solve_scip(g: StrategyGraph, time_limit: float, gap_limit: float, seed: int
         model.getStatus(), model.getStatus())
     gap = float(model.getGap())
     return choice, status, gap if np.isfinite(gap) else 1.0
+
+
+def _optimize(model) -> None:
+    """Solve; SCIP catches Ctrl-C itself and returns its best solution so far, so its
+    interrupt is raised here again (alpac exits 130 instead of writing a plan)."""
+    model.optimize()
+    if model.getStatus() == "userinterrupt":
+        raise KeyboardInterrupt
 
 
 def _memory_row(terms: Terms, s, budget: float) -> list:
@@ -322,5 +330,5 @@ def min_peak_memory(graph: StrategyGraph, time_limit: float = 30.0) -> float:
                 model.addCons(c / scale + total(terms) <= top)
         model.addCons(p.base / scale + total(p.terms) + top <= peak)
     model.setObjective(peak)
-    model.optimize()
+    _optimize(model)
     return float(model.getObjVal()) * scale if model.getNSols() else float("inf")

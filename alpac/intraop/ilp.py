@@ -108,6 +108,10 @@ def _new_model(name: str, time_limit: float, seed: int = 0):
     model.setParam("randomization/randomseedshift", seed)
     model.setParam("lp/threads", 1)
     model.setParam("parallel/maxnthreads", 1)
+    # Ctrl-C stays Python's: SCIP's own handler ends the solve with its best solution so far
+    # (the compile went on and wrote a plan), and one arriving as a solve ends is lost; so
+    # the interrupt is raised when the solve returns, within its time limit
+    model.setParam("misc/catchctrlc", False)
     model.setPresolve(SCIP_PARAMSETTING.FAST)
     # the marginal formulation's LP bound is already tight and the caller hands in a warm
     # start: cutting planes and primal heuristics cost more than they find (GPT layer ILPs on
@@ -208,7 +212,7 @@ def _solve_scip(g: StrategyGraph, time_limit: float, gap_limit: float, seed: int
             top_bytes = max(c + terms_sum(t, warm) for c, t in p.largest)
             model.setSolVal(sol, by_name[top], top_bytes / g.budget)
         model.addSol(sol)
-    _optimize(model)
+    model.optimize()
     if model.getNSols() == 0:
         return None, "infeasible", 1.0
     best = model.getBestSol()
@@ -217,14 +221,6 @@ def _solve_scip(g: StrategyGraph, time_limit: float, gap_limit: float, seed: int
         model.getStatus(), model.getStatus())
     gap = float(model.getGap())
     return choice, status, gap if np.isfinite(gap) else 1.0
-
-
-def _optimize(model) -> None:
-    """Solve; SCIP catches Ctrl-C itself and returns its best solution so far, so its
-    interrupt is raised here again (alpac exits 130 instead of writing a plan)."""
-    model.optimize()
-    if model.getStatus() == "userinterrupt":
-        raise KeyboardInterrupt
 
 
 def _memory_row(terms: Terms, s, budget: float) -> list:
@@ -330,5 +326,5 @@ def min_peak_memory(graph: StrategyGraph, time_limit: float = 30.0) -> float:
                 model.addCons(c / scale + total(terms) <= top)
         model.addCons(p.base / scale + total(p.terms) + top <= peak)
     model.setObjective(peak)
-    _optimize(model)
+    model.optimize()
     return float(model.getObjVal()) * scale if model.getNSols() else float("inf")

@@ -578,22 +578,29 @@ ENTRY stage {
 """
 
 
+def _accumulating_stage(parameters: dict[str, str]):
+    """ACCUMULATING_STAGE over 8 devices, 4 microbatches, its parameters split as given:
+    sharded with the accumulation left to the update where it can be, and without."""
+    module = parse_hlo(ACCUMULATING_STAGE)
+    mesh = LogicalMesh.parse("8")
+    repeats = {"g": 4.0, "a": 4.0}
+
+    def pinned(instr, idx, st):
+        want = parameters.get(instr.name)
+        return want is None or str(st.outputs[0]) == want
+
+    return (auto_shard(module, mesh, load_cluster(P3), allow=pinned, repeats=repeats,
+                       accumulations={"a": "step"}),
+            auto_shard(module, mesh, load_cluster(P3), allow=pinned, repeats=repeats))
+
+
 def test_an_accumulated_gradient_is_all_reduced_once_per_step_by_the_update():
     """A data-parallel weight gradient a microbatch computes (x and dy split on the batch)
     is added to its accumulator unreduced and all-reduced once per step, before the update
     reads it: priced once (not once per each of 4 microbatches), in the update's time, and
     written as an all-reduce of the accumulator that the update reads."""
-    module = parse_hlo(ACCUMULATING_STAGE)
-    mesh = LogicalMesh.parse("8")
-    repeats = {"g": 4.0, "a": 4.0}
-
-    def batch_split(instr, idx, st):
-        want = {"x": "S0,R", "dy": "S0,R", "acc": "R,R", "w": "R,R"}.get(instr.name)
-        return want is None or str(st.outputs[0]) == want
-
-    deferred = auto_shard(module, mesh, load_cluster(P3), allow=batch_split, repeats=repeats,
-                          accumulations={"a": "step"})
-    plain = auto_shard(module, mesh, load_cluster(P3), allow=batch_split, repeats=repeats)
+    deferred, plain = _accumulating_stage({"x": "S0,R", "dy": "S0,R", "acc": "R,R",
+                                           "w": "R,R"})
     assert [d.contraction.name for d in deferred.deferred] == ["g"] and not plain.deferred
     reduce_once = deferred.collective_summary()["all-reduce"]["seconds"]
     assert deferred.communication_seconds() == pytest.approx(reduce_once)
@@ -614,17 +621,7 @@ def test_an_accumulator_split_otherwise_is_priced_every_microbatch():
     wrong, so the stage is solved again with it priced every microbatch, and the plan costs
     no more than one planned without deferral (a reduce-scatter onto the rows each
     microbatch beats an all-reduce each microbatch)."""
-    module = parse_hlo(ACCUMULATING_STAGE)
-    mesh = LogicalMesh.parse("8")
-    repeats = {"g": 4.0, "a": 4.0}
-
-    def rows_split(instr, idx, st):
-        want = {"x": "S0,R", "dy": "S0,R", "acc": "S0,R", "w": "S0,R"}.get(instr.name)
-        return want is None or str(st.outputs[0]) == want
-
-    kept = auto_shard(module, mesh, load_cluster(P3), allow=rows_split, repeats=repeats,
-                      accumulations={"a": "step"})
-    plain = auto_shard(module, mesh, load_cluster(P3), allow=rows_split, repeats=repeats)
+    kept, plain = _accumulating_stage({"x": "S0,R", "dy": "S0,R", "acc": "S0,R", "w": "S0,R"})
     assert not kept.deferred
     assert kept.seconds() <= plain.seconds() * (1 + 1e-9)
     assert [c.kind for _, c, _ in kept.collectives] == ["reduce-scatter"]

@@ -441,38 +441,25 @@ def _yaml_feature(text: str, rng: random.Random, canary: Path) -> tuple[str, str
                       "empty", "comment-only", "null", "list", "scalar", "flow-unclosed",
                       "float-tag", "str-tag-number", "key-tag", "complex-key", "undefined-alias"))
     dump = yaml.safe_dump(doc, sort_keys=False)
-    if how == "anchor-alias":
+    if how in ("anchor-alias", "merge-key"):  # inter_node: intra_node's, or merged into it
         intra = json.dumps(doc["links"]["intra_node"])
         body = {k: v for k, v in doc.items() if k != "links"}
+        inter = " *i" if how == "anchor-alias" else "\n    <<: *i\n    latency: 1us"
         return (yaml.safe_dump(body, sort_keys=False) + f"links:\n  intra_node: &i {intra}\n"
-                f"  inter_node: *i\n", how)
-    if how == "merge-key":
-        intra = json.dumps(doc["links"]["intra_node"])
-        body = {k: v for k, v in doc.items() if k != "links"}
-        return (yaml.safe_dump(body, sort_keys=False) + f"links:\n  intra_node: &i {intra}\n"
-                f"  inter_node:\n    <<: *i\n    latency: 1us\n", how)
+                f"  inter_node:{inter}\n", how)
     if how == "merge-bad":
         return dump + "<<: [1, 2]\n", how
     if how in ("python-object", "python-name", "python-apply"):
         tag = {"python-object": "!!python/object:os.system {}",
                "python-name": "!!python/name:os.system",
                "python-apply": f"!!python/object/apply:os.system ['touch {canary}']"}[how]
-        key = rng.choice(["name", "nodes", "device"])
-        return dump.replace(f"{key}:", f"{key}: {tag}\n_{key}:", 1), how
-    if how == "binary":
-        return dump.replace("name:", "name: !!binary aGVsbG8=\n_name:", 1), how
-    if how == "set":
-        return dump.replace("nodes:", "nodes: !!set {1, 2}\n_nodes:", 1), how
-    if how == "timestamp":
-        return dump.replace("nodes:", "nodes: 2001-12-14t21:59:43.10-05:00\n_nodes:", 1), how
+        return _in_place_of(dump, rng.choice(["name", "nodes", "device"]), tag), how
+    if how in _IN_PLACE:
+        return _in_place_of(dump, *_IN_PLACE[how]), how
     if how == "documents":
         return dump + "---\n" + dump, how
     if how == "documents-empty":
         return "---\n---\n" + dump, how
-    if how == "long-string":
-        return dump.replace("name:", f"name: {'n' * 900_000}\n_name:", 1), how
-    if how == "too-long-string":
-        return dump.replace("name:", f"name: {'n' * 1_100_000}\n_name:", 1), how
     if how == "laughs":
         laughs = "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
             f"a{i}: &a{i} [*a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, "
@@ -500,15 +487,22 @@ def _yaml_feature(text: str, rng: random.Random, canary: Path) -> tuple[str, str
         return "just a string\n", how
     if how == "flow-unclosed":
         return "{name: x, nodes: [1, 2\n", how
-    if how == "float-tag":
-        return dump.replace("nodes:", "nodes: !!float .nan\n_nodes:", 1), how
-    if how == "str-tag-number":
-        return dump.replace("nodes:", "nodes: !!str 2\n_nodes:", 1), how
     if how == "key-tag":
         return dump.replace("nodes:", "!!int 7: 1\nnodes:", 1), how
     if how == "complex-key":
         return dump.replace("nodes:", "? [a, b]\n: 1\nnodes:", 1), how
-    return dump.replace("nodes:", "nodes: *nowhere\n_nodes:", 1), how  # undefined-alias
+    return _in_place_of(dump, "nodes", "*nowhere"), how  # undefined-alias
+
+
+# features that set one key of the file to a value, the original moved aside to `_KEY`
+_IN_PLACE = {"binary": ("name", "!!binary aGVsbG8="), "set": ("nodes", "!!set {1, 2}"),
+             "timestamp": ("nodes", "2001-12-14t21:59:43.10-05:00"),
+             "long-string": ("name", "n" * 900_000), "too-long-string": ("name", "n" * 1_100_000),
+             "float-tag": ("nodes", "!!float .nan"), "str-tag-number": ("nodes", "!!str 2")}
+
+
+def _in_place_of(dump: str, key: str, value: str) -> str:
+    return dump.replace(f"{key}:", f"{key}: {value}\n_{key}:", 1)
 
 
 TEXT_NUMBERS = ("0", "-1", "-0", "0.0", ".inf", "-.inf", ".nan", ".NaN", "1e300", "1e-300",

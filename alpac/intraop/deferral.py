@@ -58,14 +58,8 @@ def undeferred(sg, deferred: list[Deferral], accumulations: dict[str, str]) -> s
     """The accumulations whose contraction the ILP priced once per step (`reduced_once`)
     that the chosen shardings do not defer."""
     done = {d.contraction for d in deferred}
-    users = sg.module.entry.users() if accumulations else {}
-    out = set()
-    for accumulate in sg.module.entry.instructions:
-        if accumulate.name in accumulations:
-            traced = _traced(accumulate, users)
-            if traced and traced[0] in sg.reduced_once and traced[0] not in done:
-                out.add(accumulate.name)
-    return out
+    return {accumulate.name for accumulate, contraction in _contractions(sg.module, accumulations)
+            if contraction in sg.reduced_once and contraction not in done}
 
 
 def reduced_once(module, accumulations: dict[str, str], repeats: dict[str, float]
@@ -73,14 +67,19 @@ def reduced_once(module, accumulations: dict[str, str], repeats: dict[str, float
     """The contractions whose all-reduce the ILP prices once per step: those a microbatch
     runs whose result is accumulated (`_traced`), each with 1 / its runs per step."""
     out = {}
+    for _, contraction in _contractions(module, accumulations):
+        runs = repeats.get(contraction.name, 1.0)
+        if runs > 1:
+            out[contraction] = 1.0 / runs
+    return out
+
+
+def _contractions(module, accumulations: dict[str, str]):
+    """(accumulation, the contraction it adds) of each of `accumulations` of that form."""
     users = module.entry.users() if accumulations else {}
     for accumulate in module.entry.instructions:
-        if accumulate.name in accumulations:
-            traced = _traced(accumulate, users)
-            runs = repeats.get(traced[0].name, 1.0) if traced else 1.0
-            if runs > 1:
-                out[traced[0]] = 1.0 / runs
-    return out
+        if accumulate.name in accumulations and (traced := _traced(accumulate, users)):
+            yield accumulate, traced[0]
 
 
 def _traced(accumulate: Instruction, users: dict):

@@ -373,9 +373,9 @@ def scatter_strategies(instr: Instruction, mesh_shape) -> list[Strategy]:
     if reducer_kind(instr.called("to_apply")) == "add" and operand.opcode == "broadcast" \
             and is_zero_constant(operand.operands[0]):
         ivd = instr.int_attr("index_vector_dim", indices.shape.rank)
-        choices += list(zip(itertools.repeat("b"), [d for d in range(indices.shape.rank)
-                                                     if d != ivd],
-                            [d for d in range(updates.shape.rank) if d not in window]))
+        rows = zip([d for d in range(indices.shape.rank) if d != ivd],
+                   [d for d in range(updates.shape.rank) if d not in window])
+        choices += [("b", index_dim, update_dim) for index_dim, update_dim in rows]
     axes, out = _axes(mesh_shape), []
     for assign in itertools.product(choices, repeat=len(axes)):
         oa, ia, ua = ([[] for _ in x.shape.dims] for x in (operand, indices, updates))

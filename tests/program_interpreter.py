@@ -10,10 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 from alpac.plan.program import Program
+from alpac.runtime.transfers import host_dtype
 from alpac.xla.bridge import compile_hlo, cpu_devices
 
-DTYPES = {"f32": np.float32, "f64": np.float64, "f16": np.float16, "s32": np.int32,
-          "s64": np.int64, "u32": np.uint32, "pred": np.bool_, "s8": np.int8, "u8": np.uint8}
 
 
 def run_program(program: Program, texts: dict[str, str], args: list[np.ndarray],
@@ -39,7 +38,7 @@ def run_program(program: Program, texts: dict[str, str], args: list[np.ndarray],
                 per_mb[m][program.microbatch_index] = np.int32(m)
         for name in program.accumulators:
             v = program.values[name]
-            step[name] = np.zeros(v.shape, DTYPES[v.dtype])
+            step[name] = np.zeros(v.shape, host_dtype(v.dtype))
 
         def run(module, m=None):
             scope = per_mb[m] if m is not None else {}

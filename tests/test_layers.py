@@ -172,3 +172,55 @@ def test_40k_ops():
     r = cluster_layers(flops, heavy, edges, 100)
     assert r.max_input_bytes == 1250 and not r.relaxed
     assert choose_num_layers(flops, heavy, edges) == 128  # the cap: 1900 blocks are plenty
+
+
+def test_a_head_heavier_than_a_layer_share_keeps_the_cuts_at_blocks():
+    """Blocks then an LM head as heavy as 0.3 of a block, one layer per block: cutting after
+    an attention part lets in as few bytes as cutting after an MLP part, and the
+    nearest-to-even cut from the last layer back (MLP and head: 0.9 of the mean, against 1.3
+    for a block and the head) moves an attention into every layer before, the first then 1.4
+    blocks. The largest layer as small as the bytes allow keeps every cut at a block (the last
+    layer holds a block and the head), as Megatron's stages hold whole blocks."""
+    num_blocks = 24
+    flops, heavy, edges = blocks(num_blocks)
+    edges = [e for e in edges if e[0] != 1]  # no mask: any residual add is as cheap a cut
+    block = sum(flops) / num_blocks
+    edges.append((len(flops) - 1, len(flops), 1000))
+    flops.append(0.3 * block)
+    heavy.append(True)
+    r = cluster_layers(flops, heavy, edges, num_blocks)
+    assert r.bounds == [0] + block_starts(num_blocks)[1:] + [len(flops)]
+    assert max(r.flops) == pytest.approx(1.3 * block, rel=1e-3)
+
+
+def test_the_largest_layer_is_the_least_the_bytes_allow():
+    """Against brute force: among the partitions with the least (max, sum) of bytes entering,
+    none has a largest layer smaller (to the bisection's 0.1%)."""
+    rng = random.Random(11)
+    for _ in range(200):
+        n = rng.randint(2, 11)
+        L = rng.randint(2, min(4, n))
+        flops, heavy, edges = random_program(rng, n)
+        r = cluster_layers(flops, heavy, edges, L, 0.5)
+        best = brute_force(flops, heavy, edges, L, r.flop_bound, r.heavy_min)
+        P = np.concatenate([[0.0], np.cumsum(flops)])
+        least = min(max(P[b] - P[a] for a, b in zip(bs, bs[1:]))
+                    for cuts in itertools.combinations(range(1, n), L - 1)
+                    for bs in [(0, *cuts, n)]
+                    if brute_force_of(flops, heavy, edges, bs, r.flop_bound, r.heavy_min)
+                    == best)
+        assert max(r.flops) <= least * (1 + 1e-3) + 1e-9
+
+
+def brute_force_of(flops, heavy, edges, bs, bound, h):
+    """(max, sum) of bytes entering the layers of one partition `bs`, None if it breaks the
+    constraints."""
+    P = np.concatenate([[0.0], np.cumsum(np.asarray(flops, dtype=float))])
+    if not all(P[b] <= P[a] + bound and sum(heavy[a:b]) >= h for a, b in zip(bs, bs[1:])):
+        return None
+    size = {}
+    for p, _, w in edges:
+        size[p] = max(size.get(p, 0), w)
+    ins = [sum(size[p] for p in {p for p, c, _ in edges if p < a <= c < b})
+           for a, b in zip(bs, bs[1:])]
+    return max(ins), sum(ins)

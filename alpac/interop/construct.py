@@ -260,12 +260,12 @@ def _cheapest_to_price(forward, flops, heavy, edges, multiple_of: int = 1):
     if not counts:  # the largest multiple that has a heavy op per layer, if any
         counts = [max(multiple_of, sum(heavy) // multiple_of * multiple_of)]
     for n in counts:
-        clustering = cluster_layers(flops, heavy, edges, n)
+        clustering = cluster_layers(flops, heavy, edges, n, least_largest=False)
         shapes = {tuple(sig[clustering.bounds[k]:clustering.bounds[k + 1]]) for k in range(n)}
         key = (sum(len(s) ** 2 + _SOLVE_OVERHEAD_OPS ** 2 for s in shapes), -n)
         if best is None or key < best[0]:
-            best = (key, n, clustering)
-    return best[1], best[2]
+            best = (key, n)
+    return best[1], cluster_layers(flops, heavy, edges, best[1])
 
 
 class _Pipeliner:

@@ -250,6 +250,7 @@ def assign_stages(graph: StepGraph, stage_of_layer: list[int]
         if graph.role.get(x.name) == Role.APPLY and x.name in demand and \
                 x.opcode not in _MADE_LOCALLY and x.name not in local:
             placed[x.name] = demand[x.name]
+    _finish_where_accumulated(graph, placed)
     _check_order(entry, graph, placed)
 
     def need(x: Instruction, s: int) -> None:
@@ -286,10 +287,26 @@ def _step_scalars(graph: StepGraph) -> set[str]:
     return out
 
 
+def _finish_where_accumulated(graph: StepGraph, placed: dict[str, int]) -> None:
+    """An update's copy of a gradient accumulated in an earlier stage (`_split_accumulations`)
+    runs in that stage's update: the stage then finishes the sum itself (reducing it once per
+    step, alpac.intraop.deferral) before it moves, as Megatron all-reduces a tied embedding's
+    gradient over data parallelism and then between the first and last stages. A sum made in
+    a later stage still moves unreduced: updates run in stage order, none waits for a later
+    one's."""
+    for x in graph.module.entry.instructions:
+        if x.opcode == "copy" and x.name in placed and graph.role.get(x.name) == Role.APPLY:
+            accumulated = x.operands[0]
+            if graph.role.get(accumulated.name) == Role.ACCUMULATE and \
+                    placed[accumulated.name] < placed[x.name]:
+                placed[x.name] = placed[accumulated.name]
+
+
 def _split_accumulations(graph: StepGraph, placed: dict[str, int]) -> None:
     """A gradient summed from contributions that different stages compute (a weight used in
     two stages, such as a tied embedding) gets one accumulator per contribution, added once
-    per step by the update, instead of moving a contribution every microbatch."""
+    per step by the update, instead of moving a contribution every microbatch. The update
+    adds copies of the two sums, each made where its sum is (`_finish_where_accumulated`)."""
     entry = graph.module.entry
     users = entry.users()
     names = UniqueNames(i.name for i in entry.instructions)
@@ -310,10 +327,14 @@ def _split_accumulations(graph: StepGraph, placed: dict[str, int]) -> None:
         second_in.parent = entry
         graph.param_values[second_in.name] = (f"{value}.part", "step", None)
         second = Instruction(names.fresh(f"{acc.name}.part"), "add", acc.shape, [second_in, b])
-        total = Instruction(names.fresh(f"{acc.name}.total"), "add", acc.shape, [acc, second])
+        sums = [Instruction(names.fresh(f"{x.name}.sum"), "copy", acc.shape, [x])
+                for x in (acc, second)]
+        total = Instruction(names.fresh(f"{acc.name}.total"), "add", acc.shape, sums)
         position = entry.instructions.index(acc)
-        entry.instructions[position + 1:position + 1] = [second, total]
-        second.parent = total.parent = entry
+        entry.instructions[position + 1:position + 1] = [second, *sums, total]
+        for x in (second, *sums, total):
+            x.parent = entry
+        graph.role.update({x.name: Role.APPLY for x in (*sums, total)})
         acc.operands = [acc_in, a]
         for u in users[acc]:
             if u is not entry.root:
@@ -321,7 +342,6 @@ def _split_accumulations(graph: StepGraph, placed: dict[str, int]) -> None:
         entry.root.operands.append(second)
         entry.root.shape = Shape.tuple_of(o.shape for o in entry.root.operands)
         graph.role[second.name] = Role.ACCUMULATE
-        graph.role[total.name] = Role.APPLY
         graph.accumulators[second.name] = f"{value}.part"
         placed[acc.name] = placed[a.name]
         placed[second.name] = placed[b.name]

@@ -14,10 +14,16 @@ F = 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)) over (iteration × GPUs), the 
 ratio predicted / measured iteration time; with the compile's wall time and peak
 RSS.
 
-Each row goes to benchmarks/results/published/<row>.json as soon as it is done (`--skip-done`
-resumes); the table benchmarks/results/published.md is made from all row files.
+Then alpac's automatic plan of the same step and cluster (no strategy): its estimate beside
+the published plan's (issue 47: at least as fast on every row), with its stages, meshes,
+microbatches, recomputation, compile time and peak RSS (benchmarks/results/
+published_automatic.md).
 
-    python benchmarks/bench_published.py [--rows 1.7B,18.4B] [--skip-done]
+Each row goes to benchmarks/results/published/<row>.json as soon as it is done (`--skip-done`
+resumes, per plan); the tables are made from all row files.
+
+    python benchmarks/bench_published.py [--rows 1.7B,18.4B] [--plans published,automatic]
+                                         [--skip-done]   (--plans '': only the tables)
 """
 
 from __future__ import annotations
@@ -76,13 +82,18 @@ def compile_cli(model: Path, cluster: Path, out: Path, args: list[str]) -> dict:
         result["refused"] = lines[0] if lines else run.stderr[-400:]
         return result
     plan = json.loads((out / "plan.json").read_text())
+    remat = sorted({mode for s in plan["stages"] for mode in s["remat"].values()})
     result.update(iteration_s=plan["estimate"]["iteration_time_s"],
                   peak_gib=plan["estimate"]["peak_memory_bytes"] / 2 ** 30,
-                  stages=len(plan["stages"]), micro_batches=plan["num_micro_batches"])
+                  stages=len(plan["stages"]), micro_batches=plan["num_micro_batches"],
+                  meshes=[s["mesh"]["logical_shape"] for s in plan["stages"]],
+                  remat=remat)
     return result
 
 
-def run_row(name: str, tmp: Path) -> dict:
+def run_row(name: str, tmp: Path, done: dict, plans: list[str]) -> dict:
+    """The row's `plans` (published, automatic) compiled, added to `done` (its earlier
+    figures)."""
     heads, hidden, layers, tp, pp, gpus, batch, mbs, measured = SC21[name]
     dp = gpus // (tp * pp)
     micro_batches = batch // (dp * mbs)
@@ -94,16 +105,19 @@ def run_row(name: str, tmp: Path) -> dict:
     flops = model_flops(batch, layers, hidden)
     measured_s = flops / (measured * 1e12 * gpus)
     strategy = f"megatron:dp={dp},tp={tp},pp={pp}"
-    out = {"row": name, "gpus": gpus, "strategy": strategy, "micro_batches": micro_batches,
-           "measured_tflops": measured, "measured_s": measured_s}
-    published = compile_cli(model, cluster, tmp / f"{name}-published",
-                            ["--strategy", strategy, "--micro-batches", str(micro_batches),
-                             "--remat", "full", "--layers", str(layers)])
-    if "iteration_s" in published:
-        published["tflops"] = flops / (published["iteration_s"] * gpus) / 1e12
-        published["ratio"] = published["iteration_s"] / measured_s
-    out["published"] = published
-    print(name, json.dumps(published), flush=True)
+    out = {**done, "row": name, "gpus": gpus, "strategy": strategy,
+           "micro_batches": micro_batches, "measured_tflops": measured,
+           "measured_s": measured_s}
+    options = {"published": ["--strategy", strategy, "--micro-batches", str(micro_batches),
+                             "--remat", "full", "--layers", str(layers)],
+               "automatic": []}
+    for which in plans:
+        result = compile_cli(model, cluster, tmp / f"{name}-{which}", options[which])
+        if "iteration_s" in result:
+            result["tflops"] = flops / (result["iteration_s"] * gpus) / 1e12
+            result["ratio"] = result["iteration_s"] / measured_s
+        out[which] = result
+        print(name, which, json.dumps(result), flush=True)
     return out
 
 
@@ -125,6 +139,31 @@ def table(results: list[dict]) -> list[dict]:
     return rows
 
 
+def automatic_table(results: list[dict]) -> list[dict]:
+    rows = []
+    for r in results:
+        a, p = r.get("automatic"), r["published"]
+        if a is None:
+            continue
+        planned = "iteration_s" in a
+        rows.append({
+            "row": f"GPT-{r['row']} @ {r['gpus']}",
+            "automatic plan": (f"{a['stages']} stages, meshes "
+                               f"{' '.join('x'.join(map(str, m)) for m in a['meshes'])}, "
+                               f"{a['micro_batches']} microbatches, recomputation "
+                               f"{'/'.join(a['remat'])}") if planned
+            else f"NO: {a['refused']}",
+            "peak GiB": f"{a['peak_gib']:.1f}" if planned else "-",
+            "estimate s": f"{a['iteration_s']:.2f}" if planned else "-",
+            "Megatron's plan, estimate s": f"{p['iteration_s']:.2f}" if "iteration_s" in p
+            else "-",
+            "speedup over Megatron's plan": f"{p['iteration_s'] / a['iteration_s']:.2f}"
+            if planned and "iteration_s" in p else "-",
+            "measured s (Megatron)": f"{r['measured_s']:.2f}",
+            "compile s": f"{a['compile_s']:.0f}", "peak RSS GB": f"{a['peak_rss_gb']}"})
+    return rows
+
+
 def summary(results: list[dict]) -> str:
     errors = [abs(r["published"]["ratio"] - 1) for r in results if "ratio" in r["published"]]
     if not errors:
@@ -136,16 +175,22 @@ def summary(results: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", default=",".join(SC21))
-    parser.add_argument("--skip-done", action="store_true", help="keep rows already written")
+    parser.add_argument("--plans", default="published,automatic",
+                        help="which plans to compile: published, automatic or both")
+    parser.add_argument("--skip-done", action="store_true",
+                        help="keep the plans of rows already written")
     args = parser.parse_args()
     done = RESULTS / "published"
     done.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.rows.split(","):
             path = done / f"{name}.json"
-            if args.skip_done and path.exists():
-                continue
-            path.write_text(json.dumps(run_row(name, Path(tmp)), indent=1) + "\n")
+            before = json.loads(path.read_text()) if path.exists() else {}
+            plans = [p for p in args.plans.split(",")
+                     if p and not (args.skip_done and p in before)]
+            if plans:
+                path.write_text(json.dumps(run_row(name, Path(tmp), before, plans),
+                                           indent=1) + "\n")
     order = list(SC21)
     results = sorted((json.loads(p.read_text()) for p in done.glob("*.json")),
                      key=lambda r: order.index(r["row"]))
@@ -157,6 +202,26 @@ def main() -> None:
                   f"--remat full --layers <blocks>`. Measured: SC21 Table 1 (TF/s per GPU by "
                   f"Megatron's formula, turned into seconds per iteration). {summary(results)}. "
                   f"`python benchmarks/bench_published.py`.")
+    automatic = automatic_table(results)
+    if automatic:
+        write_results("published_automatic", "alpac's automatic plans for the SC21 rows",
+                      automatic,
+                      f"The same steps and clusters as `published.md`, compiled with no "
+                      f"strategy (stages, meshes, microbatches and recomputation chosen by "
+                      f"alpac; 80 GiB per device). {speedups(results)}. Compile times as "
+                      f"measured, with whatever shared the two cores then (published_changes.md "
+                      f"says). `python benchmarks/bench_published.py --plans automatic`.")
+
+
+def speedups(results: list[dict]) -> str:
+    pairs = [(r["published"]["iteration_s"], r["automatic"]["iteration_s"]) for r in results
+             if "iteration_s" in r.get("automatic", {}) and "iteration_s" in r["published"]]
+    if not pairs:
+        return "no row planned"
+    ratios = [p / a for p, a in pairs]
+    return (f"{len(pairs)} of {len(results)} rows planned: speedup over Megatron's plan "
+            f"{min(ratios):.2f}-{max(ratios):.2f}, at least 1.10 on "
+            f"{sum(x >= 1.10 for x in ratios)}")
 
 
 if __name__ == "__main__":

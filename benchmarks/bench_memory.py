@@ -43,11 +43,10 @@ def measure(path: Path, out: Path) -> dict:
     plan = json.loads((out / "plan.json").read_text())
     (stage,) = plan["stages"]
     exe = compile_hlo((out / stage["module"]).read_text(), cpu_devices(8))
-    m = exe.memory_stats()
-    xla = m["argument_bytes"] + m["output_bytes"] - m["alias_bytes"] + m["temp_bytes"]
+    xla = exe.peak_bytes()
     estimate = stage["estimate"]["peak_memory_bytes"]
     return {"program": path.stem, "estimate_bytes": estimate, "xla_bytes": xla,
-            "xla_temp_bytes": m["temp_bytes"], "ratio": estimate / xla}
+            "xla_temp_bytes": exe.memory_stats()["temp_bytes"], "ratio": estimate / xla}
 
 
 def main() -> None:

@@ -419,8 +419,7 @@ def test_budget_too_small_for_replicated_weights_is_met_and_confirmed_by_xla():
                      and r["sharding"] not in ("R", "R,R", "scalar")]
     assert sharded_state
     exe = compile_hlo(print_module(result.module), cpu_devices(4))
-    m = exe.memory_stats()
-    xla_peak = m["argument_bytes"] + m["output_bytes"] - m["alias_bytes"] + m["temp_bytes"]
+    xla_peak = exe.peak_bytes()
     assert abs(xla_peak - estimate) <= 0.15 * estimate
     assert rel_error(exe.run(args), reference) < 1e-5
 

@@ -258,9 +258,7 @@ def verify(plan: dict, plan_dir: Path, console: Console) -> bool:
             table.add_row(kind, str(p["count"]), str(a["count"]), str(p["bytes"]),
                           str(a["bytes"]), "[green]same" if same else "[red]DIFFERS")
         console.print(table)
-        memory = exe.memory_stats()
-        xla_peak = (memory["argument_bytes"] + memory["output_bytes"] - memory["alias_bytes"]
-                    + memory["temp_bytes"])
+        xla_peak = exe.peak_bytes()
         est = stage["estimate"]["peak_memory_bytes"]
         console.print(f"peak memory per device: estimated {si(est)}B, XLA "
                       f"{si(xla_peak)}B (arguments + outputs - aliased + temporaries)")

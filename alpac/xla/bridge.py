@@ -308,6 +308,11 @@ class Executable:
             "generated_code_bytes": int(m.generated_code_size_in_bytes),
         }
 
+    def peak_bytes(self) -> int:
+        """XLA's peak per device: arguments + outputs - aliased + temporaries."""
+        m = self.memory_stats()
+        return m["argument_bytes"] + m["output_bytes"] - m["alias_bytes"] + m["temp_bytes"]
+
     def cost_analysis(self) -> dict[str, float]:
         """XLA's cost analysis of the per-device module (flops, bytes accessed, ...)."""
         return {k: float(v) for k, v in dict(self._exe.cost_analysis()).items()}

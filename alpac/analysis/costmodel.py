@@ -42,8 +42,11 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from alpac.plan.calibration import POLL_FIRST_S, between, polls
 from alpac.plan.mesh import LogicalMesh
+from alpac.plan.sharding import parse_xla_sharding
 
 
 def launch_seconds(cluster, arrays: int = 0, arguments: int = 0) -> float:
@@ -114,6 +117,22 @@ def staging_seconds(cluster, nbytes: float) -> float:
     calibration = cluster.calibration
     table = calibration.send.get("intra_node") if calibration is not None else None
     return table(nbytes) if table is not None else 0.0
+
+
+def node_bytes(nbytes: float, dst_sharding: str, devices: list[int], cluster) -> float:
+    """The most bytes of a value (`nbytes` in all) that one node of the destination holds and
+    so receives: the distinct tiles of its sharding (an XLA string) that the node's devices
+    (`devices`, the mesh's in partition order) hold. alpa-run receives per rank (node)."""
+    x = parse_xla_sharding(dst_sharding)
+    if x.kind != "tiled":
+        return nbytes
+    grid = x.tile_dims[:-1] if x.replicate_last else x.tile_dims
+    tiles = np.array(x.devices).reshape(x.tile_dims)
+    held: dict[int, set] = {}
+    for index in np.ndindex(*x.tile_dims):
+        node = cluster.node_of(devices[int(tiles[index])])
+        held.setdefault(node, set()).add(index[:len(grid)])
+    return nbytes * max(map(len, held.values())) / math.prod(grid)
 
 
 def rank_cpu_seconds(cluster, devices, host_work: float, compute: float

@@ -22,7 +22,7 @@ from alpac.errors import UserError
 from alpac.hlo.opcodes import CONTRACTIONS
 from alpac.interop import pipeline as pl
 from alpac.interop.layers import choose_num_layers, cluster_layers, layer_owned
-from alpac.interop.pricing import LayerModules, LayerTask, solve_all
+from alpac.interop.pricing import LayerModules, LayerTask, dividing_counts, solve_all
 from alpac.interop.remat import REMAT_MODES, Remat
 from alpac.interop.shard import ILP_GAP, ILP_TIME_LIMIT_S, shard_stages
 from alpac.interop.stage import Stage, StageAssignment
@@ -30,6 +30,7 @@ from alpac.interop.stage_dp import NoFeasiblePlan, StagePlan, stage_dp
 from alpac.interop.stage_prices import StageConfig, StagePrices, remat_variants
 from alpac.interop.submesh import grid_shape, logical_shapes, pinned_submeshes, stage_submesh, \
     submesh_shapes
+from alpac.interop.transfer_prices import TransferPrices
 from alpac.interop.unroll import Unrolled
 from alpac.intraop.rules import example_dims, parse_megatron, roles_of_step, rule, stage_rule
 from alpac.plan.mesh import LogicalMesh
@@ -284,6 +285,7 @@ class _Pipeliner:
         self.distributed_optimizer = False  # the forced strategy's optimizer state split
         self.launch = launch_seconds(cluster)
         self.solved, self.chosen, self.again = {}, {}, {}  # (layer hash, m, c) -> ...
+        self.other_counts: dict[int, LayerModules] = {}  # B -> the distinct layers' modules
 
     def run(self) -> StageAssignment:
         self.cluster_layers()
@@ -424,25 +426,33 @@ class _Pipeliner:
         return added
 
     def price_second_point(self) -> None:
-        """The same shardings at a second microbatch count: what does and does not scale.
-        The largest count above the reference whose microbatch still has an example per device
-        of the cluster (with fewer, a split of the batch the reference ILP chose may no longer
-        divide it, and the two points would not be the same shardings: GPT-6.7B on 16 V100s
-        was planned 13% slower); without one, the largest count (the widest span: a second
-        point below the reference planned GPT-15B on 32 V100s 3x slower)."""
-        batch, devices = self.split.batch.size, self.cluster.num_devices
-        whole = [b for b in self.candidates if b > self.reference and batch // b >= devices]
-        self.second = max(whole or self.candidates)
-        if self.second == self.reference:
-            self.second = min(self.candidates)
-        if self.second != self.reference:
-            layers = LayerModules(self.module, self.split, self.layer_of, self.num_layers,
-                                  self.second, only=sorted(self.first_of.values()))
-            self.lap("layer modules")
-            results = self.solve(self.keys, layers, f"same shardings at B={self.second}",
+        """The counts at which each layer's shardings still divide (`dividing_counts`), and
+        the same shardings at a second count, to interpolate what scales with the microbatch:
+        the largest count above the reference at which they divide, else the smallest."""
+        self.dividing = {k: frozenset([self.reference]) for k in self.keys}
+        if len(self.candidates) == 1:
+            return
+        probe = self.layer_modules(min(self.candidates))  # never the reference
+        seconds: dict[int, list] = {}
+        for h, m, c in self.keys:
+            counts = self.dividing[(h, m, c)] = dividing_counts(
+                self.layers, probe, self.first_of[h], self.chosen[(h, m, c)],
+                self.configs[m][c].shape, self.split.batch.size, self.candidates)
+            second = max((B for B in counts if B > self.reference), default=probe.B)
+            seconds.setdefault(second, []).append((h, m, c))
+        self.lap("layer modules")
+        for B, keys in sorted(seconds.items()):
+            results = self.solve(keys, self.layer_modules(B), f"same shardings at B={B}",
                                  self.chosen)
-            self.again = {k: r[0] for k, r in zip(self.keys, results)}
+            self.again.update({k: (B, r[0]) for k, r in zip(keys, results)})
             self.lap("second-point layer ILPs")
+
+    def layer_modules(self, B: int) -> LayerModules:
+        """The distinct layers' modules at B microbatches (built once per count)."""
+        if B not in self.other_counts:
+            self.other_counts[B] = LayerModules(self.module, self.split, self.layer_of,
+                                                self.num_layers, B, sorted(self.first_of.values()))
+        return self.other_counts[B]
 
     def figures(self) -> dict:
         """What the pricing did, and where the time goes (filled in until the end)."""
@@ -458,8 +468,10 @@ class _Pipeliner:
                                                           max(self.candidates)))
         self.stage_configs = [[StageConfig(c, v) for c in range(len(cs)) for v in variants]
                               for cs in self.configs]
-        self.prices = StagePrices(self.hashes, self.solved, self.again, self.reference,
-                                  self.second, self.budget, self.launch,
+        transfers = TransferPrices(self.layers, self.hashes, self.chosen, self.configs,
+                                   self.submeshes, self.cluster, self.reference)
+        self.prices = StagePrices(self.hashes, self.solved, self.again, self.dividing,
+                                  transfers, self.reference, self.budget, self.launch,
                                   [a * b for a, b in self.submeshes], self.cluster.num_devices)
         meshes = self.pinned_meshes
 

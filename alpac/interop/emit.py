@@ -5,14 +5,12 @@ and the estimates."""
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
-
-import numpy as np
 
 from alpac.analysis.costmodel import (CostModel, feed_seconds, free_seconds,
                                       host_cores_seconds, launch_cpu_seconds, launch_seconds,
-                                      rank_cpu_seconds, staging_seconds, waiting_cpu_seconds)
+                                      node_bytes, rank_cpu_seconds, staging_seconds,
+                                      waiting_cpu_seconds)
 from alpac.hlo import Module, print_module
 from alpac.interop.pipeline import assemble, role_modules
 from alpac.interop.pricing import pipelined_peak, role_seconds
@@ -21,7 +19,6 @@ from alpac.interop.stage import ShardedStage, ShardedStages
 from alpac.interop.unroll import Unrolled
 from alpac.plan.program import Program, Role, Transfer, single_stage_program
 from alpac.plan.schedule import bubble_share, step_seconds
-from alpac.plan.sharding import parse_xla_sharding
 
 
 # a stage's host work in plan.json's estimate: per key, seconds per microbatch and per step
@@ -150,24 +147,9 @@ def _receive_seconds(program: Program, meshes: list, cluster
     def seconds(t) -> float:
         src, dst = (program.meshes[m].devices[0] for m in (t.src_mesh, t.dst_mesh))
         return CostModel(cluster, meshes[t.dst_mesh]).send(
-            rank_bytes(t, program.meshes[t.dst_mesh].devices, cluster), src, dst)
+            node_bytes(t.bytes, t.dst_sharding, program.meshes[t.dst_mesh].devices, cluster),
+            src, dst)
     return _by_mesh((t.dst_mesh, t.scope, seconds(t)) for t in program.transfers)
-
-
-def rank_bytes(t: Transfer, devices: list[int], cluster) -> float:
-    """The most bytes of transfer `t` one destination rank (node) receives: the distinct
-    tiles of its destination sharding that the rank's devices (`devices`, the mesh's in
-    partition order) hold."""
-    x = parse_xla_sharding(t.dst_sharding)
-    if x.kind != "tiled":
-        return t.bytes
-    grid = x.tile_dims[:-1] if x.replicate_last else x.tile_dims
-    tiles = np.array(x.devices).reshape(x.tile_dims)
-    held: dict[int, set] = {}
-    for index in np.ndindex(*x.tile_dims):
-        node = cluster.node_of(devices[int(tiles[index])])
-        held.setdefault(node, set()).add(index[:len(grid)])
-    return t.bytes * max(map(len, held.values())) / math.prod(grid)
 
 
 def _send_seconds(program: Program, cluster) -> dict[int, tuple[float, float]]:

@@ -41,39 +41,58 @@ def remat_variants(text: str, max_in_flight: int) -> tuple[Remat | int, ...]:
 
 
 class StagePrices:
-    """Stage costs for the DP from per-layer figures (`solved`/`again`: layer key -> figures
-    per Remat at the reference and second microbatch counts)."""
+    """Stage costs for the DP from per-layer figures (`solved`: layer key -> figures per Remat
+    at the reference microbatch count; `again`: key -> a second count and the same shardings'
+    figures there), at the counts where each key's shardings divide (`dividing`)."""
 
-    def __init__(self, hashes, solved, again, reference: int, second: int, budget: float,
-                 launch: float, submesh_sizes: list[int], num_devices: int):
-        self.hashes, self.solved, self.again = hashes, solved, again
+    def __init__(self, hashes, solved, again, dividing, transfers, reference: int,
+                 budget: float, launch: float, submesh_sizes: list[int], num_devices: int):
+        self.hashes, self.solved, self.again, self.dividing = hashes, solved, again, dividing
+        self.transfers = transfers  # (first, last, m, c, B) -> seconds received (TransferPrices)
         # per submesh: 1 + how many stages the other devices can form
         self.stages_from = [1 + (num_devices - size) // min(submesh_sizes)
                             for size in submesh_sizes]
-        self.reference, self.second = reference, second
+        self.reference = reference
         self.budget, self.launch = budget, launch
         self.ranges: dict[tuple, RangeCosts] = {}  # (m, c, mode, B) -> every range
         self.menus: dict[tuple, RematMenu] = {}  # (m, c, B) -> per-layer choice
+        self.undivided: dict[tuple, np.ndarray] = {}  # (m, c, B) -> layers before, not dividing
 
     def layers(self, m: int, c: int, mode: Remat, B: int) -> list[LayerCost]:
-        keys = [(h, m, c) for h in self.hashes]
-        return [LayerCost.fit(self.reference, self.solved[k][mode], self.second,
-                              self.again.get(k, self.solved[k])[mode], B) for k in keys]
+        out = []
+        for h in self.hashes:
+            second, figures = self.again.get((h, m, c), (self.reference, self.solved[(h, m, c)]))
+            out.append(LayerCost.fit(self.reference, self.solved[(h, m, c)][mode], second,
+                                     figures[mode], B))
+        return out
+
+    def divides(self, first: int, last: int, m: int, c: int, B: int) -> bool:
+        """Whether the shardings priced for layers first..last on config c divide at B."""
+        key = (m, c, B)
+        if key not in self.undivided:
+            self.undivided[key] = np.concatenate(([0], np.cumsum(
+                [B not in self.dividing[(h, m, c)] for h in self.hashes])))
+        return self.undivided[key][last + 1] == self.undivided[key][first]
 
     def uniform(self, first: int, last: int, m: int, c: int, mode: Remat, B: int) -> LayerCost:
-        """Layers first..last all recomputing as `mode`, with their module launches."""
+        """Layers first..last all recomputing as `mode`, with their module launches and what
+        they receive from other stages."""
         key = (m, c, mode, B)
         if key not in self.ranges:
             self.ranges[key] = RangeCosts(self.layers(m, c, mode, B))
+        per_microbatch, per_step = self.transfers(first, last, m, c, B)
         # a forward and a backward module per microbatch, an update module per step
-        return self.ranges[key](first, last).plus(2 * self.launch, self.launch)
+        return self.ranges[key](first, last).plus(2 * self.launch + per_microbatch,
+                                                  self.launch + per_step)
 
     def priced(self, first: int, last: int, m: int, config: StageConfig, B: int,
                modes: bool = True) -> tuple[LayerCost, dict[int, Remat] | None] | None:
-        """The stage's figures and (with `modes`) each layer's recomputation; None for a
-        variant that holds no more than keeping everything would, or cannot hold its
-        target."""
+        """The stage's figures and (with `modes`) each layer's recomputation; None where the
+        layers' shardings do not divide at B, or for a variant that holds no more than
+        keeping everything would, or cannot hold its target."""
         c, remat = config
+        if not self.divides(first, last, m, c, B):
+            return None
         if isinstance(remat, Remat):
             return (self.uniform(first, last, m, c, remat, B),
                     {layer: remat for layer in range(first, last + 1)} if modes else None)

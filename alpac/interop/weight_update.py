@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from alpac.interop.shard import judged_peak, peak_of, shard_within
+from alpac.interop.shard import judged_peak, peak_of, received, shard_within
 from alpac.interop.stage import ShardedStage, ShardedStages, WeightUpdate
 from alpac.intraop.rules import roles_of_stage, roles_of_step, rule, update_rule
 
@@ -78,7 +78,8 @@ def _rewrite_stage(done: ShardedStage, assignment, split, cluster, zero: str,
     peak = peak_of(stage, len(assignment.stages), assignment.micro_batches)
     after = shard_within(stage.module, stage.mesh, cluster, budget, time_limit, 1e-4,
                          repeats, allow, peak, accumulations=stage.pipeline_stage.accumulations
-                         if stage.pipeline_stage else None)
+                         if stage.pipeline_stage else None,
+                         receive=received(assignment)[stage.index])
     old, new = done.sharding.solution.objective, after.solution.objective
     peak_before, peak_after = judged_peak(peak, done.sharding), judged_peak(peak, after)
     chains = _split_parameters(after, names)

@@ -18,9 +18,8 @@ from alpac.analysis.costmodel import CostModel
 from alpac.analysis.costs import CostTable
 from alpac.hlo import Module
 from alpac.intraop.annotate import write_shardings
-from alpac.intraop.builder import Hint, ShardingGraph, build_graph, collectives_of, \
-    strategy_seconds
-from alpac.intraop.collectives import reshard
+from alpac.intraop.builder import Hint, ShardingGraph, build_graph, strategy_seconds
+from alpac.intraop.collectives import collectives_of, reshard
 from alpac.intraop.combine import savings
 from alpac.intraop.deferral import Deferral, collective_index, find_deferrals, undeferred
 from alpac.intraop.ilp import solve
@@ -87,11 +86,12 @@ class ShardingResult:
         return {instr.name: instr for instr in self.graph.plans}
 
     def seconds(self) -> float:
-        """The stage's time as XLA runs it: the ILP's objective, the all-reduces XLA
-        combines priced as combined, those the ILP priced once per step but that run every
-        microbatch (not deferred) priced so."""
-        return self.solution.objective - sum(self.combined_savings().values()) + \
-            sum(self._priced_once().values())
+        """The stage's time as XLA runs it: the ILP's objective without receiving its
+        parameters (the plan prices its transfers apart), the all-reduces XLA combines priced
+        as combined, those the ILP priced once per step but that run every microbatch (not
+        deferred) priced so."""
+        return self.solution.objective - self.graph.receive_seconds(self.solution.choice) \
+            - sum(self.combined_savings().values()) + sum(self._priced_once().values())
 
     def _priced_once(self) -> dict[str, float]:
         """What the ILP's objective leaves out of each all-reduce it priced once per step
@@ -194,7 +194,8 @@ def auto_shard(module: Module, mesh: LogicalMesh, cluster, *, budget: float | No
                allow=None, repeats: dict[str, float] | None = None,
                annotate: bool = True, reuse: Solution | None = None,
                memory: StageMemory | None = None,
-               accumulations: dict[str, str] | None = None) -> ShardingResult:
+               accumulations: dict[str, str] | None = None,
+               received: dict | None = None) -> ShardingResult:
     """Shard a copy of `module` over `mesh`; the input module is left as it is. `allow`
     restricts source strategies (see build_graph); it sees the copy's instructions. Without
     `annotate` the copy keeps no shardings (enough for pricing: the choice is in the
@@ -202,14 +203,17 @@ def auto_shard(module: Module, mesh: LogicalMesh, cluster, *, budget: float | No
     matching by position) on a mesh of the same shape and links: taken, not solved again,
     when the graph is the same size. `memory` judges the budget as a pipeline stage's.
     `accumulations` (a pipeline stage's: accumulate instruction -> an update instruction that
-    reads it) are reduced once per step where they can be (alpac.intraop.deferral)."""
+    reads it) are reduced once per step where they can be (alpac.intraop.deferral).
+    `received` (a pipeline stage's: parameter -> `builder.Receive`) prices receiving them in
+    the objective only: the plan prices its transfers apart."""
     work = module.clone()
     costs = CostTable(work)
     rounds = solve_rounds(mesh, cluster)
 
     def solved(accumulations, reuse) -> ShardingResult:
         sg, solution = _solve_rounds(work, mesh, cluster, costs, rounds, budget, time_limit,
-                                     gap_limit, allow, repeats, memory, accumulations, reuse)
+                                     gap_limit, allow, repeats, memory, accumulations, reuse,
+                                     received)
         deferred = find_deferrals(sg, solution.choice, accumulations) if accumulations else []
         collectives = collectives_of(sg, solution.choice)
         for d in deferred:  # once per step
@@ -230,7 +234,7 @@ def auto_shard(module: Module, mesh: LogicalMesh, cluster, *, budget: float | No
 
 
 def _solve_rounds(work, mesh, cluster, costs, rounds, budget, time_limit, gap_limit, allow,
-                  repeats, memory, accumulations, reuse):
+                  repeats, memory, accumulations, reuse, received):
     """The sharding graph of the last round and its solution (`auto_shard`)."""
     hint = None
     for k, axes in enumerate(rounds):
@@ -240,7 +244,7 @@ def _solve_rounds(work, mesh, cluster, costs, rounds, budget, time_limit, gap_li
             partial *= mesh.shape[a]
         round_budget = None if budget is None else budget * mesh.num_devices / partial
         sg = build_graph(work, mesh, cluster, costs, round_budget, axes, hint, allow, repeats,
-                         memory, accumulations)
+                         memory, accumulations, received)
         if reuse is not None and len(rounds) == 1 and sg.graph.size == reuse.size_before:
             solution = dataclasses.replace(reuse, objective=sg.graph.objective(reuse.choice),
                                            solve_time=0.0,

@@ -28,6 +28,7 @@ from alpac.intraop.collectives import Collective, reshard
 from alpac.intraop.deferral import reduced_once
 from alpac.intraop.memory import StageMemory, liveness_points, stage_point
 from alpac.intraop.problem import StrategyGraph
+from alpac.intraop.receiving import Receive, receive_seconds
 from alpac.intraop.space import array_shardings
 from alpac.intraop.strategies import MATERIALIZED, UNSUPPORTED_OPS, Strategy, follow, \
     followed_operand, is_transparent, replicated_strategy, rule_strategies, source_strategies, \
@@ -95,6 +96,13 @@ class ShardingGraph:
     kernels: dict[Computation, dict] = field(default_factory=dict)  # kernel_shares per comp
     # contraction -> share of its runs its all-reduce is priced at (alpac.intraop.deferral)
     reduced_once: dict[Instruction, float] = field(default_factory=dict)
+    # node -> per strategy, the seconds receiving that parameter costs (in the objective)
+    receiving: dict[int, np.ndarray] = field(default_factory=dict)
+
+    def receive_seconds(self, choice) -> float:
+        """What receiving the parameters costs at `choice` (`Receive`): the objective holds
+        it, the stage's own time does not."""
+        return sum(float(costs[choice[node]]) for node, costs in self.receiving.items())
 
     def kernel_share(self, instr: Instruction) -> KernelShare | None:
         """The instruction's share of the fused kernel it runs in (None: a contraction, or a
@@ -111,8 +119,10 @@ class _Builder:
     def __init__(self, module: Module, mesh: LogicalMesh, cluster, costs: CostTable,
                  budget: float | None, axes: tuple[int, ...] | None, hint: "Hint | None",
                  allow=None, repeats: dict[str, float] | None = None,
-                 memory: StageMemory | None = None, accumulations: dict | None = None):
+                 memory: StageMemory | None = None, accumulations: dict | None = None,
+                 received: dict[str, Receive] | None = None):
         self.model = CostModel(cluster, mesh)
+        self.received = received or {}  # parameter name -> what receiving it costs
         self.stage_memory = memory
         # axes not being solved count as size 1: nothing is split over them (yet)
         self.mesh_shape = tuple(n if axes is None or a in axes else 1
@@ -137,6 +147,7 @@ class _Builder:
     # ---- costs ---------------------------------------------------------------------------
     def strategy_seconds(self, instr: Instruction, st: Strategy) -> float:
         return strategy_seconds(self.out, instr, st)
+
 
     def reshard_seconds(self, shape: Shape, src: Sharding, dst: Sharding) -> float:
         key = (shape.dims, shape.element_bits, src, dst)
@@ -213,6 +224,12 @@ class _Builder:
                     Strategy(str(s), (s,), (), s.num_tiles(self.mesh_shape))
                     for s in array_shardings(shape.dims, self.mesh_shape)], idx)
                 node = self.add_node(p, strategies, 1.0)
+                if node is not None and p.name in self.received:
+                    self.out.receiving[node] = np.array([
+                        receive_seconds(self.model, self.received[p.name], st.outputs[0])
+                        for st in strategies])
+                    self.graph.node_costs[node] = self.graph.node_costs[node] \
+                        + self.out.receiving[node]
                 self.values[(p, idx)] = self.new_value(
                     node, [st.outputs[0] for st in strategies], p, idx, shape)
                 if not p.shape.is_tuple:
@@ -557,44 +574,15 @@ def build_graph(module: Module, mesh: LogicalMesh, cluster, costs: CostTable,
                 hint: Hint | None = None, allow=None,
                 repeats: dict[str, float] | None = None,
                 memory: StageMemory | None = None,
-                accumulations: dict[str, str] | None = None) -> ShardingGraph:
+                accumulations: dict[str, str] | None = None,
+                received: dict[str, Receive] | None = None) -> ShardingGraph:
     """The sharding problem of `module` on `mesh`, splitting only over `axes` (default all),
     keeping to `hint` on the axes an earlier round solved, and to the source strategies that
     `allow(instr, leaf index, strategy)` accepts (used to price fixed strategies such as pure
     data parallelism with the same model). `repeats` gives how many times per step an entry
     instruction runs (a pipeline stage runs its forward and backward once per microbatch and
     its update once). `memory`: judge the memory as a pipeline stage's (default: the peak of
-    the values live at each point of the program); `accumulations` (alpac.intraop.deferral)."""
+    the values live at each point of the program); `accumulations` (alpac.intraop.deferral);
+    `received`: the parameters a pipeline stage receives from other meshes (`Receive`)."""
     return _Builder(module, mesh, cluster, costs, budget, axes, hint, allow, repeats,
-                    memory, accumulations).build()
-
-
-def collectives_of(sg: ShardingGraph, choice: list[int]) -> list[tuple[str, Collective, float]]:
-    """The collectives the chosen strategies imply: (instruction, collective, multiplier).
-    Resharding one value into one sharding counts once, as it is written once; so does
-    gathering one value whole: XLA makes every sharding that needs the whole value first (an
-    all-gather, then a local slice) from one replicated copy."""
-    out = []
-    for instr, plan in sg.plans.items():
-        if plan.strategies:
-            for c in plan.strategy(choice).collectives:
-                out.append((instr.name, c, plan.multiplier))
-    seen = set()
-    for use in sg.uses:
-        if use.value is None:
-            continue
-        src, req = use.value.sharding(choice), use.required_sharding(choice)
-        if src == req or (id(use.value), req) in seen:
-            continue
-        shape = use.value.shape
-        colls = reshard(shape.dims, shape.element_bits, src, req, tuple(sg.mesh.shape))
-        if len(colls) == 1 and colls[0].kind == "all-gather" and \
-                colls[0].nbytes == shape.byte_size:  # gathered whole, then sliced
-            req = Sharding.replicated(shape.rank)
-        key = (id(use.value), req)
-        if key in seen:
-            continue
-        seen.add(key)
-        for c in colls:
-            out.append((use.value.producer.name, c, use.multiplier))
-    return out
+                    memory, accumulations, received).build()

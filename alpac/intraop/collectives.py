@@ -73,3 +73,35 @@ def _needs_permute(src: Sharding, dst: Sharding) -> bool:
         if tuple(kept) != s_axes[:len(kept)] or tuple(kept) != d_axes[:len(kept)]:
             return True
     return False
+
+
+def collectives_of(sg, choice: list[int]) -> list[tuple[str, Collective, float]]:
+    """The collectives the chosen strategies of a `builder.ShardingGraph` imply: (instruction,
+    collective, multiplier).
+    Resharding one value into one sharding counts once, as it is written once; so does
+    gathering one value whole: XLA makes every sharding that needs the whole value first (an
+    all-gather, then a local slice) from one replicated copy."""
+    out = []
+    for instr, plan in sg.plans.items():
+        if plan.strategies:
+            for c in plan.strategy(choice).collectives:
+                out.append((instr.name, c, plan.multiplier))
+    seen = set()
+    for use in sg.uses:
+        if use.value is None:
+            continue
+        src, req = use.value.sharding(choice), use.required_sharding(choice)
+        if src == req or (id(use.value), req) in seen:
+            continue
+        shape = use.value.shape
+        colls = reshard(shape.dims, shape.element_bits, src, req, tuple(sg.mesh.shape))
+        if len(colls) == 1 and colls[0].kind == "all-gather" and \
+                colls[0].nbytes == shape.byte_size:  # gathered whole, then sliced
+            req = Sharding.replicated(shape.rank)
+        key = (id(use.value), req)
+        if key in seen:
+            continue
+        seen.add(key)
+        for c in colls:
+            out.append((use.value.producer.name, c, use.multiplier))
+    return out

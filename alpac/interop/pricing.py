@@ -156,9 +156,9 @@ def dividing_counts(reference: LayerModules, probe: LayerModules, layer: int, ch
     (`chosen`, by instruction) still split every dimension evenly. A dimension the microbatch
     rewrite shrinks is linear in the examples per microbatch: its size at any count follows
     from its sizes at the reference and at the probe's count. The DP prices the layer only at
-    these counts: elsewhere the final ILP must choose other shardings (GPT-39.1B on 512 A100s
-    was priced at 12.0 s with a 4-way batch split at 256 microbatches of 6 examples, and
-    built at 20.0 s)."""
+    these counts: elsewhere the final ILP must choose other shardings (a fit through one
+    example per microbatch, where GPT-18.4B's batch splits could not hold, had its one-stage
+    plan on 256 A100s priced within 80 GiB and built at 151 GB)."""
     e1, e2 = batch // reference.B, batch // probe.B
     ones = reference.layers[layer][0].module.entry.instructions
     twos = probe.layers[layer][0].module.entry.instructions

@@ -11,9 +11,9 @@ from alpac.interop.pricing import pipelined_peak, stage_memory
 from alpac.interop.remat import remat_split
 from alpac.interop.stage import ShardedStage, ShardedStages, Stage, StageAssignment
 from alpac.intraop.autoshard import auto_shard
-from alpac.intraop.receiving import Receive
 from alpac.intraop.memory import StageMemory
 from alpac.intraop.problem import Infeasible
+from alpac.intraop.receiving import Receive
 from alpac.intraop.rules import both, keep_to
 from alpac.plan.schedule import microbatches_in_flight
 
@@ -136,7 +136,7 @@ def shard_within(module, mesh, cluster, budget: float, time_limit: float, gap: f
     does not fit (by `peak`, default the ILP's liveness peak), solve again with the ILP
     keeping that count within the budget. `known` holds the solutions (without, with the
     budget) of a module of the same structure, reused and filled in; `receive`: what the
-    stage receives from other meshes (`builder.Receive`)."""
+    stage receives from other meshes (`receiving.Receive`)."""
     known = {} if known is None else known
     result = auto_shard(module, mesh, cluster, time_limit=time_limit, gap_limit=gap,
                         repeats=repeats, allow=allow, reuse=known.get("free"),

@@ -70,10 +70,11 @@ class TransferPrices:
         far = per_cluster_node % total if size < per_cluster_node else neighbour
         seconds = np.zeros((2, len(self.crossings)))
         for k, x in enumerate(self.crossings):
-            held, resharding = self._cheapest(x, m, c, neighbour if x.adjacent else far)
+            source = neighbour if x.adjacent else far
+            held, resharding = self._cheapest(x, m, c, source, model, devices)
             scale = self.reference / B if x.per_microbatch else 1.0
-            seconds[0 if x.per_microbatch else 1, k] = model.send(
-                held * scale, neighbour if x.adjacent else far, 0) + resharding * scale
+            seconds[0 if x.per_microbatch else 1, k] = model.send(held * scale, source, 0) \
+                + resharding * scale
         per_microbatch, per_step = (seconds @ self.masks).reshape(2, n, n)
         return per_microbatch, per_step
 
@@ -83,14 +84,15 @@ class TransferPrices:
         return CostModel(self.cluster, LogicalMesh(self.configs[m][c].shape,
                                                    tuple(devices))), devices
 
-    def _cheapest(self, x: Crossing, m: int, c: int, source: int) -> tuple[float, float]:
+    def _cheapest(self, x: Crossing, m: int, c: int, source: int, model: CostModel,
+                  devices: list[int]) -> tuple[float, float]:
         """The bytes one node receives and the seconds resharding to its layer's choice, at the
-        reference count, of the sharding that makes their sum least."""
+        reference count, of the sharding that makes their sum least (`model`, `devices`:
+        config c of submesh m)."""
         wanted = self.chosen[(self.hashes[x.layer], m, c)][x.position] \
             or Sharding.replicated(x.shape.rank)
         key = (m, c, x.shape, wanted, source)
         if key not in self.cheapest:
-            model, devices = self._model(m, c)
             shape = tuple(model.mesh.shape)
 
             def cost(sharding) -> tuple[float, float, float]:
@@ -109,7 +111,7 @@ def _crossings(layers, n: int) -> tuple[list[Crossing], list[np.ndarray]]:
     """Every (value, first reader in a range) that crosses into some range of layers, with the
     ranges (first, last) it crosses into."""
     made: dict[str, int] = {}
-    readers: dict[str, list[tuple[int, int, int, bool]]] = {}
+    readers: dict[str, list[tuple[int, int, Shape, bool]]] = {}  # layer, position, ..
     for layer in range(n):
         stage = layers.layers[layer][0]
         for value in stage.output_values:

@@ -36,9 +36,9 @@ def rewrite_weight_update(sharded: ShardedStages, split, cluster, zero: str,
     per stage."""
     assignment = sharded.assignment
     stages, peaks, report = [], [], []
-    for done, peak in zip(sharded.stages, sharded.peaks):
+    for done, peak, receive in zip(sharded.stages, sharded.peaks, received(assignment)):
         after, entry = _rewrite_stage(done, assignment, split, cluster, zero, time_limit,
-                                      sharded.budget)
+                                      sharded.budget, receive)
         stages.append(after)
         peaks.append(peak if after is done else entry["peak_memory_after_bytes"])
         report.append(entry)
@@ -47,7 +47,7 @@ def rewrite_weight_update(sharded: ShardedStages, split, cluster, zero: str,
 
 
 def _rewrite_stage(done: ShardedStage, assignment, split, cluster, zero: str,
-                   time_limit: float, budget: float) -> tuple[ShardedStage, dict]:
+                   time_limit: float, budget: float, receive: dict) -> tuple[ShardedStage, dict]:
     stage = done.stage
     if stage.pipeline_stage is not None:
         roles = roles_of_stage(stage.pipeline_stage, assignment.pipeline[0])
@@ -79,7 +79,7 @@ def _rewrite_stage(done: ShardedStage, assignment, split, cluster, zero: str,
     after = shard_within(stage.module, stage.mesh, cluster, budget, time_limit, 1e-4,
                          repeats, allow, peak, accumulations=stage.pipeline_stage.accumulations
                          if stage.pipeline_stage else None,
-                         receive=received(assignment)[stage.index])
+                         receive=receive)
     old, new = done.sharding.solution.objective, after.solution.objective
     peak_before, peak_after = judged_peak(peak, done.sharding), judged_peak(peak, after)
     chains = _split_parameters(after, names)

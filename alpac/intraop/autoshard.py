@@ -204,7 +204,7 @@ def auto_shard(module: Module, mesh: LogicalMesh, cluster, *, budget: float | No
     when the graph is the same size. `memory` judges the budget as a pipeline stage's.
     `accumulations` (a pipeline stage's: accumulate instruction -> an update instruction that
     reads it) are reduced once per step where they can be (alpac.intraop.deferral).
-    `received` (a pipeline stage's: parameter -> `builder.Receive`) prices receiving them in
+    `received` (a pipeline stage's: parameter -> `receiving.Receive`) prices receiving them in
     the objective only: the plan prices its transfers apart."""
     work = module.clone()
     costs = CostTable(work)

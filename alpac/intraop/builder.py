@@ -148,7 +148,6 @@ class _Builder:
     def strategy_seconds(self, instr: Instruction, st: Strategy) -> float:
         return strategy_seconds(self.out, instr, st)
 
-
     def reshard_seconds(self, shape: Shape, src: Sharding, dst: Sharding) -> float:
         key = (shape.dims, shape.element_bits, src, dst)
         t = self._reshard_cache.get(key)
